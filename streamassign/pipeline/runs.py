@@ -185,18 +185,25 @@ OTHER_CODE_LINE: Final = re.compile(
 )
 
 
-def why_other_code(worker_where: str, driver: Code, shipped: bool) -> str:
+#: How the zip of the driver's code shipped to the executors is named (``spark.ship_code``).
+SHIPPED_CODE_PREFIX = "streamassign-pipeline-code-"
+
+
+def why_other_code(worker_where: str, driver: Code, shipped: bool, local_master: bool) -> str:
     """On the driver: why a Python worker imports the package at ``worker_where`` and not the
     ``driver``'s, and the remedy, one cause: the very folder (or the zip shipped from it)
-    changed since the command read it; a package in the command's working directory (Spark's
+    changed since the command read it (a ``local_master``'s workers only: a cluster's share
+    paths, not files, with the driver); a package in the command's working directory (Spark's
     local workers start there, and it comes first on their path); a ``PYSPARK_PYTHON`` of the
     user's (the driver sets it to its own interpreter unless one is set); else the executors'
     own install, which ``shipped`` code did not come before."""
     worker = os.path.realpath(worker_where)
-    if worker == os.path.realpath(driver.where) or "streamassign-pipeline-code-" in worker:
+    same_folder = local_master and worker == os.path.realpath(driver.where)
+    if same_folder or SHIPPED_CODE_PREFIX in worker:
         return "its files changed since the command started (an edit, a checkout); run it again"
-    working = os.path.realpath(os.getcwd())
-    if os.path.dirname(worker) == working:
+    working = _working_directory()
+    # A bare name: a worker that could not tell its folder (realpath would read it as ours).
+    if working and os.path.isabs(worker_where) and os.path.dirname(worker) == working:
         return (
             f"a streamassign package in the working directory ({working}) comes first on the "
             "workers' path; run from a folder without one"
@@ -207,6 +214,14 @@ def why_other_code(worker_where: str, driver: Code, shipped: bool) -> str:
     if shipped:
         return "the executors' Python imports its own streamassign first; install this one there"
     return "the executors' Python has a streamassign of its own; pass --ship-code"
+
+
+def _working_directory() -> str | None:
+    """The command's working directory, None if it was deleted meanwhile."""
+    try:
+        return os.path.realpath(os.getcwd())
+    except FileNotFoundError:
+        return None
 
 
 def is_remote(path: str) -> bool:
@@ -484,7 +499,8 @@ def rows_unchecked(run_dir: str, manifest: Mapping[str, Any]) -> str | None:
     if any((Path(run_dir) / REBALANCES).rglob(".*.parquet.crc")):
         return None
     return (
-        f"its manifest lists no files (written by older code) and no checksum file "
+        f"its manifest lists no files (a run written to a remote folder, or by older code) and "
+        "no checksum file "
         f"(.*.parquet.crc) is under {REBALANCES}/ (copied without its dot files, or written "
         "through a file system that writes none)"
     )

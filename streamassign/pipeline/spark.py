@@ -34,6 +34,7 @@ from .runs import (
     OTHER_CODE_LINE,
     REBALANCES,
     ROW_FILES,
+    SHIPPED_CODE_PREFIX,
     Code,
     check_executor_code,
     check_rows_read,
@@ -488,12 +489,15 @@ def _said_as_executor_code_error(spark: Any) -> Iterator[None]:
     try:
         yield
     except Exception as exc:
-        if (other_code := _executor_code_error(exc, _ships_code(spark))) is None:
+        other_code = _executor_code_error(exc, _ships_code(spark), _local_master(spark))
+        if other_code is None:
             raise
         raise other_code from exc
 
 
-def _executor_code_error(exc: BaseException, shipped: bool) -> ExecutorCodeError | None:
+def _executor_code_error(
+    exc: BaseException, shipped: bool, local_master: bool
+) -> ExecutorCodeError | None:
     """The :class:`ExecutorCodeError` a task failed with, as one line on the driver (Spark
     wraps it in its job's trace), or None if ``exc`` is another failure. The cause is worked
     out here (``runs.why_other_code``) from the worker's package folder: the worker runs other
@@ -504,15 +508,23 @@ def _executor_code_error(exc: BaseException, shipped: bool) -> ExecutorCodeError
     said = OTHER_CODE_LINE.match(found[-1].strip())
     if said is None:  # a line this code cannot read: the worker's own, as it is
         return ExecutorCodeError(found[-1].strip())
-    cause = why_other_code(said["where"], this_code(), shipped)
+    cause = why_other_code(said["where"], this_code(), shipped, local_master)
     return ExecutorCodeError(f"{said[1]}: {cause}")
 
 
 def _ships_code(spark: Any) -> bool:
     """Whether the session serves :func:`ship_code`'s zip to its executors."""
     try:
-        return any("streamassign-pipeline-code-" in f for f in spark.sparkContext.listFiles)
+        return any(SHIPPED_CODE_PREFIX in f for f in spark.sparkContext.listFiles)
     except Exception:  # a session already stopped: the cause then names no remedy of shipping
+        return False
+
+
+def _local_master(spark: Any) -> bool:
+    """Whether the session's workers run on this machine (``local``, ``local[*]``, ...)."""
+    try:
+        return str(spark.sparkContext.master).startswith("local")
+    except Exception:  # a session already stopped: then not known to share our files
         return False
 
 
@@ -645,7 +657,7 @@ def ship_code(spark: Any, workdir: str | Path) -> Path:
     import streamassign
 
     # A name of its own: Spark refuses a second file of the same name from another path.
-    target = Path(workdir) / f"streamassign-pipeline-code-{secrets.token_hex(4)}.zip"
+    target = Path(workdir) / f"{SHIPPED_CODE_PREFIX}{secrets.token_hex(4)}.zip"
     target.parent.mkdir(parents=True, exist_ok=True)
     with zipfile.ZipFile(target, "w", zipfile.ZIP_DEFLATED) as zf:
         for module in (streamassign, attr, attrs):

@@ -1701,8 +1701,9 @@ def test_a_kept_run_is_checked_against_the_files_its_manifest_lists(
     code, out = invoke(*command)
     assert (code, out) == (
         1,
-        f"Error: {run}: its rows cannot be checked: its manifest lists no files (written by "
-        "older code) and no checksum file (.*.parquet.crc) is under rebalances/ (copied "
+        f"Error: {run}: its rows cannot be checked: its manifest lists no files (a run written "
+        "to a remote folder, or by older code) and no checksum file (.*.parquet.crc) is under "
+        "rebalances/ (copied "
         "without its dot files, or written through a file system that writes none); it cannot "
         "be kept: pass --overwrite to simulate it again\n",
     )

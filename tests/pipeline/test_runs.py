@@ -826,24 +826,40 @@ def test_the_driver_names_one_cause_of_a_worker_running_other_code(
 
     driver = Code(str(tmp_path / "driver" / "streamassign"), "f" * 64)
     changed = "its files changed since the command started (an edit, a checkout); run it again"
-    assert why_other_code(driver.where, driver, shipped=False) == changed
+    assert why_other_code(driver.where, driver, shipped=False, local_master=True) == changed
     shipped_zip = "/tmp/spark-1/userFiles-2/streamassign-pipeline-code-0a1b2c3d.zip/streamassign"
-    assert why_other_code(shipped_zip, driver, shipped=True) == changed
+    assert why_other_code(shipped_zip, driver, shipped=True, local_master=True) == changed
     monkeypatch.chdir(tmp_path)
-    assert why_other_code(str(tmp_path / "streamassign"), driver, shipped=False) == (
+    assert why_other_code(
+        str(tmp_path / "streamassign"), driver, shipped=False, local_master=True
+    ) == (
         f"a streamassign package in the working directory ({os.path.realpath(tmp_path)}) "
         "comes first on the workers' path; run from a folder without one"
     )
     installed = "/usr/lib/python3/dist-packages/streamassign"
     monkeypatch.setenv("PYSPARK_PYTHON", "/usr/bin/python3")
-    assert why_other_code(installed, driver, shipped=False) == (
+    assert why_other_code(installed, driver, shipped=False, local_master=True) == (
         "PYSPARK_PYTHON (/usr/bin/python3) has a streamassign of its own; install this one there"
     )
     monkeypatch.setenv("PYSPARK_PYTHON", sys.executable)  # what local mode sets by default
-    assert why_other_code(installed, driver, shipped=False) == (
+    assert why_other_code(installed, driver, shipped=False, local_master=True) == (
         "the executors' Python has a streamassign of its own; pass --ship-code"
     )
-    assert why_other_code(installed, driver, shipped=True) == (
+    assert why_other_code(installed, driver, shipped=True, local_master=True) == (
+        "the executors' Python imports its own streamassign first; install this one there"
+    )
+    # A cluster's executors may hold another install at the driver's very path: not "changed".
+    assert why_other_code(driver.where, driver, shipped=False, local_master=False) == (
+        "the executors' Python has a streamassign of its own; pass --ship-code"
+    )
+    # A worker that could not tell its folder names the bare package: no working-directory cause.
+    assert "working directory" not in why_other_code(
+        "streamassign", driver, shipped=False, local_master=True
+    )
+    (tmp_path / "gone").mkdir()
+    monkeypatch.chdir(tmp_path / "gone")
+    (tmp_path / "gone").rmdir()  # the command's folder deleted while it ran: still one line
+    assert why_other_code(installed, driver, shipped=True, local_master=True) == (
         "the executors' Python imports its own streamassign first; install this one there"
     )
 
@@ -857,7 +873,8 @@ def test_checksum_damage_finds_changed_bytes_and_deleted_or_added_files(tmp_path
     folder.mkdir(parents=True)
     assert checksum_damage(str(tmp_path)) is None  # nothing to check by: not damage
     assert rows_unchecked(str(tmp_path), {}) == (
-        "its manifest lists no files (written by older code) and no checksum file "
+        "its manifest lists no files (a run written to a remote folder, or by older code) and no "
+        "checksum file "
         "(.*.parquet.crc) is under rebalances/ (copied without its dot files, or written "
         "through a file system that writes none)"
     )

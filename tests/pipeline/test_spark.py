@@ -268,14 +268,20 @@ def test_the_driver_words_the_cause_of_a_line_older_worker_code_wrote(
         "path; run from a folder without one (or ship the same code to a cluster's executors)"
     )
     trace = f"Job aborted.\n  File x\nstreamassign.errors.ExecutorCodeError: {old_line}"
-    said = sp._executor_code_error(Exception(trace), shipped=False)
+    said = sp._executor_code_error(Exception(trace), shipped=False, local_master=True)
     assert said is not None and str(said) == (
         f"{head}: PYSPARK_PYTHON (/usr/bin/python3) has a streamassign of its own; install "
         "this one there"
     )
     unreadable = Exception("ExecutorCodeError: some other wording")  # kept as the worker said
-    assert str(sp._executor_code_error(unreadable, shipped=False)) == "some other wording"
-    assert sp._executor_code_error(Exception("another failure"), shipped=False) is None
+    assert (
+        str(sp._executor_code_error(unreadable, shipped=False, local_master=True))
+        == "some other wording"
+    )
+    assert (
+        sp._executor_code_error(Exception("another failure"), shipped=False, local_master=True)
+        is None
+    )
 
 
 def test_progress_shows_tasks_and_ctrl_c_cancels_the_jobs(spark: Any) -> None:
