@@ -197,17 +197,19 @@ def why_other_code(worker_where: str, driver: Code, shipped: bool, local_master:
     local workers start there, and it comes first on their path); a ``PYSPARK_PYTHON`` of the
     user's (the driver sets it to its own interpreter unless one is set); else the executors'
     own install, which ``shipped`` code did not come before."""
-    worker = os.path.realpath(worker_where)
-    same_folder = local_master and worker == os.path.realpath(driver.where)
-    if same_folder or SHIPPED_CODE_PREFIX in worker:
-        return "its files changed since the command started (an edit, a checkout); run it again"
-    working = _working_directory()
-    # A bare name: a worker that could not tell its folder (realpath would read it as ours).
-    if working and os.path.isabs(worker_where) and os.path.dirname(worker) == working:
-        return (
-            f"a streamassign package in the working directory ({working}) comes first on the "
-            "workers' path; run from a folder without one"
-        )
+    # A bare name: a worker that could not tell its folder; resolved here, it would read as
+    # a folder of ours (and need our working directory): no cause from its path then.
+    if os.path.isabs(worker_where):
+        worker = os.path.realpath(worker_where)
+        same_folder = local_master and worker == os.path.realpath(driver.where)
+        if same_folder or SHIPPED_CODE_PREFIX in worker:
+            return "its files changed since the command started (an edit, a checkout); run it again"
+        working = _working_directory()
+        if working and os.path.dirname(worker) == working:
+            return (
+                f"a streamassign package in the working directory ({working}) comes first on "
+                "the workers' path; run from a folder without one"
+            )
     chosen = os.environ.get("PYSPARK_PYTHON")
     if chosen and chosen != sys.executable:
         return f"PYSPARK_PYTHON ({chosen}) has a streamassign of its own; install this one there"
@@ -222,6 +224,12 @@ def _working_directory() -> str | None:
         return os.path.realpath(os.getcwd())
     except FileNotFoundError:
         return None
+
+
+def is_local_master(master: str) -> bool:
+    """Whether a Spark ``master`` runs its workers on this machine: ``local``, ``local[4]``,
+    ``local[*]``, ``local-cluster[...]`` (not ``spark://localhost``: a cluster's workers)."""
+    return master.startswith("local")
 
 
 def is_remote(path: str) -> bool:
@@ -481,7 +489,8 @@ def rows_damage(run_dir: str, manifest: Mapping[str, Any]) -> str | None:
     wrote, or None: against the paths and sizes its ``manifest`` lists (:data:`ROW_FILES`: a
     file deleted, with its checksum file or not, one added, one of another size), then against
     the checksum file Spark's local writer leaves beside each one (bytes changed). A run whose
-    manifest lists none (older code) is checked by its checksum files alone. ``run_damage``
+    manifest lists none (older code, or written to a remote folder) is checked by its checksum
+    files alone. ``run_damage``
     sees none of these, and a rerun must not keep such a run (milliseconds: every byte of a
     file with a checksum file is read once)."""
     listed = manifest.get(ROW_FILES)

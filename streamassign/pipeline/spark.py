@@ -39,6 +39,7 @@ from .runs import (
     check_executor_code,
     check_rows_read,
     files_for,
+    is_local_master,
     is_remote,
     row_files,
     this_code,
@@ -154,7 +155,7 @@ def start_session(master: str | None = None, app_name: str = "streamassign") -> 
     chosen = master or (None if _under_spark_submit() else "local[*]")
     if chosen is not None:
         builder = builder.master(chosen)
-    local = (chosen or "").startswith("local")
+    local = is_local_master(chosen or "")
     if local:
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
         # Python workers run this interpreter (its venv and packages), not the first python3
@@ -523,7 +524,7 @@ def _ships_code(spark: Any) -> bool:
 def _local_master(spark: Any) -> bool:
     """Whether the session's workers run on this machine (``local``, ``local[*]``, ...)."""
     try:
-        return str(spark.sparkContext.master).startswith("local")
+        return is_local_master(str(spark.sparkContext.master))
     except Exception:  # a session already stopped: then not known to share our files
         return False
 
@@ -674,4 +675,4 @@ def wants_shipped_code(spark: Any, ship: bool | None) -> bool:
     """``--ship-code`` as given, else on for every master but local mode."""
     if ship is not None:
         return ship
-    return not str(spark.sparkContext.master).startswith("local")
+    return not is_local_master(str(spark.sparkContext.master))

@@ -1672,9 +1672,9 @@ def test_a_kept_run_is_checked_against_the_files_its_manifest_lists(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     """A Parquet file deleted together with its checksum file was kept beside the run's report;
-    a run without checksum files (hdfs dfs -get, a file system writing none) was refused as
-    damaged. The names and sizes the manifest lists tell both apart; a run that lists none and
-    has no checksum file is refused as one that cannot be checked, not as damaged."""
+    a local run without checksum files (a file system writing none) was refused as damaged.
+    The names and sizes the manifest lists tell both apart; a run that lists none and has no
+    checksum file is refused as one that cannot be checked, not as damaged."""
     run = tmp_path / "run"
     command = _a_kept_run(monkeypatch, run)
     (run / "report").mkdir()

@@ -852,16 +852,28 @@ def test_the_driver_names_one_cause_of_a_worker_running_other_code(
     assert why_other_code(driver.where, driver, shipped=False, local_master=False) == (
         "the executors' Python has a streamassign of its own; pass --ship-code"
     )
-    # A worker that could not tell its folder names the bare package: no working-directory cause.
-    assert "working directory" not in why_other_code(
-        "streamassign", driver, shipped=False, local_master=True
-    )
+    # A worker that could not tell its folder names the bare package: no cause from its path,
+    # also where the command runs beside its own package, or from a deleted folder.
+    os.makedirs(os.path.dirname(driver.where), exist_ok=True)
+    monkeypatch.chdir(os.path.dirname(driver.where))
+    bare = "the executors' Python has a streamassign of its own; pass --ship-code"
+    assert why_other_code("streamassign", driver, shipped=False, local_master=True) == bare
     (tmp_path / "gone").mkdir()
     monkeypatch.chdir(tmp_path / "gone")
     (tmp_path / "gone").rmdir()  # the command's folder deleted while it ran: still one line
     assert why_other_code(installed, driver, shipped=True, local_master=True) == (
         "the executors' Python imports its own streamassign first; install this one there"
     )
+    assert why_other_code("streamassign", driver, shipped=False, local_master=True) == bare
+
+
+def test_a_local_master_is_one_whose_workers_run_on_this_machine() -> None:
+    from streamassign.pipeline.runs import is_local_master
+
+    for master in ("local", "local[4]", "local[*]", "local-cluster[2,1,1024]"):
+        assert is_local_master(master), master
+    for master in ("yarn", "k8s://https://k:443", "spark://localhost:7077", ""):
+        assert not is_local_master(master), master
 
 
 def test_checksum_damage_finds_changed_bytes_and_deleted_or_added_files(tmp_path: Path) -> None:
