@@ -315,10 +315,11 @@ class DamagedRunError(PipelineError):
 
 class ExecutorCodeError(StreamAssignError):
     """Spark's Python workers import other streamassign code than the command that started
-    the job (a ``streamassign`` package in the working directory comes first on their path),
-    so the rows would not come from the code the run's manifest names. Raised by the first
-    task of each worker, and by the driver as one line naming both packages, their
-    fingerprints and the remedy."""
+    the job (a ``streamassign`` package in the working directory comes first on their path,
+    the executors' own install, files changed meanwhile), so the rows would not come from the
+    code the run's manifest names. Raised by the first task of each worker, and by the driver
+    as one line naming both packages, their fingerprints, and the cause and remedy it works
+    out from the worker's package folder."""
 
 
 class PublishError(StreamAssignError, OSError):

@@ -440,8 +440,9 @@ def test_a_closed_stdout_still_writes_the_plan_and_keeps_the_exit_status(tmp_pat
     }
     script = (
         "from streamassign import cli\n"
-        "cli._evaluate_standby_candidates = lambda *a: None\n"
-        f"cli._standby_plan = lambda *a: ({plan!r}, {row!r})\n"
+        "from streamassign.cli import plan_standbys\n"
+        "plan_standbys._evaluate_standby_candidates = lambda *a: None\n"
+        f"plan_standbys._standby_plan = lambda *a: ({plan!r}, {row!r})\n"
         f"cli.main(['plan-standbys', {ORDERS!r}, '--out', {str(tmp_path)!r}, '--target', '0.99'])\n"
     )
     done = with_closed_stdout(script)
@@ -502,7 +503,9 @@ def test_describe_standbys_past_processes_warns_as_plan_does() -> None:
     """A new user's audit: `describe --standbys 2` of a 2-process group printed "(2 per
     stateful task) 4 / 4" and nothing else, read as full replication; plan warned. Now
     describe gives plan's warning (processes for clients) and the row says the cap."""
-    from streamassign.cli import _print_group, _standby_cap_warning, _Stdout
+    from streamassign.cli.console import _Stdout
+    from streamassign.cli.describe import _standby_cap_warning
+    from streamassign.cli.describe_tables import _print_group
 
     view, score = _described(2)
     assert _standby_cap_warning(score) == (

@@ -14,6 +14,7 @@ import click
 import pytest
 
 from streamassign import cli
+from streamassign.cli import failures, plan_standbys
 from tests.cli_runner import cli_runner
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -77,8 +78,9 @@ def test_a_full_stdout_still_writes_the_plan_and_fails_the_missed_target(tmp_pat
             "without_warmups": None}  # fmt: skip
     script = (
         "from streamassign import cli\n"
-        "cli._evaluate_standby_candidates = lambda *a: None\n"
-        f"cli._standby_plan = lambda *a: ({plan!r}, {row!r})\n"
+        "from streamassign.cli import plan_standbys\n"
+        "plan_standbys._evaluate_standby_candidates = lambda *a: None\n"
+        f"plan_standbys._standby_plan = lambda *a: ({plan!r}, {row!r})\n"
         f"cli.main(['plan-standbys', {ORDERS!r}, '--out', {str(tmp_path)!r}, '--target', '0.99'])\n"
     )
     done = to_dev_full(script)
@@ -179,7 +181,7 @@ class Captured(Exception):
 
 def test_the_innermost_java_cause_is_appended_from_py4j_text() -> None:
     text = f"An error occurred while calling o123.parquet.\n: {JAVA_TRACE}"
-    assert cli._spark_failure(Py4JStyle(text)) == SAID
+    assert failures._spark_failure(Py4JStyle(text)) == SAID
 
 
 def test_the_innermost_java_cause_is_appended_from_pyspark_causes() -> None:
@@ -187,9 +189,9 @@ def test_the_innermost_java_cause_is_appended_from_pyspark_causes() -> None:
     innermost = Captured(io_error, f"{io_error}\n\tat java.base/java.io.FileOutputStream.x\n")
     fs_error = "org.apache.hadoop.fs.FSError: java.io.IOException: No space left on device"
     middle = Captured(fs_error, f"{fs_error}\n\tat x\nCaused by: {io_error}\n", innermost)
-    assert cli._spark_failure(Captured(TASK_WRITE_FAILED, JAVA_TRACE, middle)) == SAID
+    assert failures._spark_failure(Captured(TASK_WRITE_FAILED, JAVA_TRACE, middle)) == SAID
     # Without converted causes, the trace kept aside still has them.
-    assert cli._spark_failure(Captured(TASK_WRITE_FAILED, JAVA_TRACE)) == SAID
+    assert failures._spark_failure(Captured(TASK_WRITE_FAILED, JAVA_TRACE)) == SAID
 
 
 def test_a_chained_python_cause_is_appended() -> None:
@@ -201,7 +203,7 @@ def test_a_chained_python_cause_is_appended() -> None:
             raise OSError(errno.ENOSPC, "No space left on device", "/data/part-0")
         except OSError as exc:
             raise Py4JError("An error occurred while calling o7.save") from exc
-    assert cli._spark_failure(raised.value) == (
+    assert failures._spark_failure(raised.value) == (
         "An error occurred while calling o7.save (cause: OSError: [Errno 28] No space left on "
         "device: '/data/part-0')"
     )
@@ -210,7 +212,7 @@ def test_a_chained_python_cause_is_appended() -> None:
 def test_the_line_stays_one_bounded_line() -> None:
     long_cause = "java.io.IOException: " + "x" * 5000 + "\nsecond line"
     text = f"{TASK_WRITE_FAILED}\n\tat a.b(C.java:1)\nCaused by: {long_cause}\n"
-    line = cli._spark_failure(Py4JStyle(text))
+    line = failures._spark_failure(Py4JStyle(text))
     assert "\n" not in line and len(line) <= 520
     assert line.startswith("SparkException: [TASK_WRITE_FAILED]")
     assert "(cause: java.io.IOException: xxx" in line
@@ -218,14 +220,14 @@ def test_the_line_stays_one_bounded_line() -> None:
 
 def test_no_cause_adds_nothing() -> None:
     java = "An error occurred while calling o1.x.\n: java.lang.OutOfMemoryError: Java heap space"
-    assert cli._spark_failure(Py4JStyle(java)) == "OutOfMemoryError: Java heap space"
+    assert failures._spark_failure(Py4JStyle(java)) == "OutOfMemoryError: Java heap space"
 
 
 def test_simulate_failing_for_space_says_so_and_what_was_kept(tmp_path: Path) -> None:
     run = tmp_path / "run"
     with (
         pytest.raises(click.ClickException) as raised,
-        cli._one_line_failures("simulating", f"the run in {run} kept"),
+        failures._one_line_failures("simulating", f"the run in {run} kept"),
     ):
         raise Py4JStyle(f"An error occurred while calling o9.parquet.\n: {JAVA_TRACE}")
     assert raised.value.message == f"simulating failed: {SAID}; the run in {run} kept"
@@ -243,16 +245,16 @@ def test_a_failing_second_write_leaves_the_old_pair(
     old json."""
     (tmp_path / "plan.csv").write_text("old csv\n")
     (tmp_path / "plan.json").write_text('{"old": true}\n')
-    real_stage = cli._stage_file
+    real_stage = plan_standbys._stage_file
 
     def full_disk(target: Path, data: bytes) -> str:
         if target.name == "plan.json":
             raise OSError(errno.ENOSPC, "No space left on device")
         return real_stage(target, data)
 
-    monkeypatch.setattr(cli, "_stage_file", full_disk)
+    monkeypatch.setattr(plan_standbys, "_stage_file", full_disk)
     with pytest.raises(click.ClickException) as raised:
-        cli._write_plan(tmp_path, ROWS, {"new": True})
+        plan_standbys._write_plan(tmp_path, ROWS, {"new": True})
     assert raised.value.message == (
         f"cannot write the plan to {tmp_path}: No space left on device (its files left as they "
         "were); the plan is printed above"
@@ -261,8 +263,8 @@ def test_a_failing_second_write_leaves_the_old_pair(
     assert (tmp_path / "plan.json").read_text() == '{"old": true}\n'
     assert sorted(p.name for p in tmp_path.iterdir()) == ["plan.csv", "plan.json"]  # no temp
 
-    monkeypatch.setattr(cli, "_stage_file", real_stage)
-    cli._write_plan(tmp_path, ROWS, {"new": True})
+    monkeypatch.setattr(plan_standbys, "_stage_file", real_stage)
+    plan_standbys._write_plan(tmp_path, ROWS, {"new": True})
     assert (tmp_path / "plan.csv").read_text().startswith("standbys,warmups,availability")
     assert json.loads((tmp_path / "plan.json").read_text()) == {"new": True}
     for name in ("plan.csv", "plan.json"):

@@ -137,7 +137,7 @@ def test_a_process_runs_a_task_one_of_its_members_reported_running() -> None:
     state and the offset sums table alike (the leaders merge them so)."""
     from rich.console import Console
 
-    from streamassign.cli import _print_group
+    from streamassign.cli.describe_tables import _print_group
 
     for running, checkpoint in (("m1", "m2"), ("m2", "m1")):
         members = [
@@ -650,7 +650,7 @@ def test_faust_json_with_a_number_no_task_has_is_undecodable(
 def test_tables_fit_80_columns_and_name_undecodable_members() -> None:
     from rich.console import Console
 
-    from streamassign.cli import _print_group
+    from streamassign.cli.describe_tables import _print_group
 
     raw = [*streams_group(), RawMember("broken-member", "c", "h", b"\xff\x00garbage")]
     view = describe_bytes("orders", "Stable", "consumer", PROTOCOL_NAME, raw)
@@ -677,8 +677,8 @@ def _watch_with(
 ) -> float:
     """``describe --watch``'s loop on ``views`` (then polling for ever, if ``forever``) with
     ``stdout`` as the CLI wraps it (``--json`` unless not ``as_json``); the seconds it ran."""
-    from streamassign import cli
     from streamassign.aiokafka import describe as describe_module
+    from streamassign.cli import console, describe
 
     async def follow(*_: object) -> AsyncIterator[GroupView]:
         for view in views:
@@ -687,9 +687,9 @@ def _watch_with(
             await asyncio.sleep(0.05)
 
     monkeypatch.setattr(describe_module, "follow", follow)
-    monkeypatch.setattr(sys, "stdout", cli._ReaderGone(stdout))
+    monkeypatch.setattr(sys, "stdout", console._ReaderGone(stdout))
     start = time.monotonic()
-    asyncio.run(asyncio.wait_for(cli._watch(None, "g", 1.0, None, as_json), 20))
+    asyncio.run(asyncio.wait_for(describe._watch(None, "g", 1.0, None, as_json), 20))
     return time.monotonic() - start
 
 
@@ -878,7 +878,7 @@ def test_rebalancing_answer_names_members_and_reads_no_assignment() -> None:
     assert quality(view).problems == () and view.processes() == {} and view.tasks == {}
     from rich.console import Console
 
-    from streamassign.cli import _print_group
+    from streamassign.cli.describe_tables import _print_group
 
     console = Console(width=80, record=True)
     _print_group(console, view, quality(view))
@@ -918,7 +918,8 @@ MEMBERS_COLUMNS = ("member", "client@host", "process", "a+s+w", "versions", "gen
 
 def printed(view: GroupView) -> str:
     """``describe``'s tables of ``view`` as the command prints them (its console)."""
-    from streamassign.cli import _print_group, _Stdout
+    from streamassign.cli.console import _Stdout
+    from streamassign.cli.describe_tables import _print_group
 
     console = _Stdout(width=80, record=True)
     _print_group(console, view, quality(view))
@@ -941,7 +942,8 @@ def test_a_members_host_is_never_folded(width: int, host: str) -> None:
     client id, whole, or, where that column cannot be as wide as the host beside the others
     (a long IPv6 address at 80 columns), on a line per member below the table; wide, client
     and host on one line."""
-    from streamassign.cli import _print_group, _Stdout
+    from streamassign.cli.console import _Stdout
+    from streamassign.cli.describe_tables import _print_group
 
     pids = ("93eca1d0-0000-4000-8000-000000000001", "bbb0d247-0000-4000-8000-000000000002")
     raw = [
@@ -1008,7 +1010,8 @@ def test_the_members_table_is_whole_and_its_client_and_host_uncut_at_every_width
     every column a wide console shows, and the client id and host are each whole on some
     line. Every second width: each band that lost a column was 3-5 wide, and a sweep of
     every width is twice the time."""
-    from streamassign.cli import _print_members, _Stdout
+    from streamassign.cli.console import _Stdout
+    from streamassign.cli.describe_tables import _print_members
 
     view = one_member_view(host, client)
     labels = {view.members[0].member_id: "…00000000", view.members[0].process: "00000000"}
@@ -1195,7 +1198,7 @@ def test_tables_at_80_columns_name_processes_by_unique_prefixes_unfolded() -> No
 
 
 def test_process_labels_stay_unique_whatever_the_ids() -> None:
-    from streamassign.cli import _member_labels, _process_labels
+    from streamassign.cli.labels import _member_labels, _process_labels
 
     a, b = (
         "http://orders-0.orders.default.svc.cluster.local:6066",
@@ -1369,7 +1372,7 @@ def test_a_saved_snapshot_ignores_copied_claims_as_describe_and_the_leaders_do()
     ``describe``; ``explain`` of the same group saved with ``describe --json`` must too, or it
     reports hand-backs to the copy that never happened. A file saved before
     ``shared_process_ids`` was written still loads (and honours every claim, as then)."""
-    from streamassign.cli import _returned
+    from streamassign.cli.describe import _returned
     from streamassign.explain import load_snapshot
 
     raw = [

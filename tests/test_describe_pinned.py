@@ -81,7 +81,8 @@ def view_of(raw: list[RawMember], group: str = "g") -> GroupView:
 
 
 def printed(view: GroupView, score: GroupQuality | None = None) -> str:
-    from streamassign.cli import _print_group, _Stdout
+    from streamassign.cli.console import _Stdout
+    from streamassign.cli.describe_tables import _print_group
 
     console = _Stdout(width=400, record=True)
     _print_group(console, view, score or quality(view))

@@ -172,7 +172,8 @@ def test_balance_rows_leave_out_the_processes_the_leader_withholds_an_id_from() 
     assert view.leader_version() == V1_VERSION
     one = next(b for b in quality(view).per_subtopology if b.subtopology == 1)
     assert (one.withheld, one.fewest, one.most, one.balanced) == (2, 2, 2, True)
-    from streamassign.cli import _print_group, _Stdout
+    from streamassign.cli.console import _Stdout
+    from streamassign.cli.describe_tables import _print_group
 
     console = _Stdout(width=160, record=True)
     _print_group(console, view, quality(view))

@@ -161,7 +161,7 @@ def test_plan_explain_names_processes_as_describe_does(tmp_path: Path) -> None:
     """An audit: ``plan --explain`` printed full process ids, which rich cut at 80 columns to
     ``3f2a9c1e-0b7d-4…`` (an ambiguous cut of a UUID); ``describe`` and ``explain`` show each
     by its shortest unique label (``_process_labels``)."""
-    from streamassign.cli import _process_labels
+    from streamassign.cli.labels import _process_labels
 
     pids = {
         "p1": "3f2a9c1e-0b7d-4c55-9a0e-1d2b3c4d5e61",
@@ -458,7 +458,7 @@ def test_diff_names_clients_as_describe_and_explain_do(tmp_path: Path) -> None:
     client-id head, ``aiokafka-0.14.0-4950d175-6078-4237…``) while describe and explain show
     each by its unique tail (``_process_labels``): no row of one could be matched to the
     other's."""
-    from streamassign.cli import _process_labels
+    from streamassign.cli.labels import _process_labels
 
     stayed, joined = (f"aiokafka-0.14.0-{uuid.UUID(int=n)}" for n in (0x4950D175, 0x1783F862))
     before = snapshot(tmp_path / "a.json", {stayed: {"active": ["0_0", "0_1"]}}, {})
@@ -1589,7 +1589,8 @@ def test_a_crash_what_if_names_the_lost_process(tmp_path: Path) -> None:
 def test_the_standby_table_title_counts_drops_and_placings() -> None:
     """A new user's audit: "Standby copies dropped or placed: 2" over one row (a copy that
     moved is one row, a drop and a placing). The title says each count."""
-    from streamassign.cli import _print_moves, _Stdout
+    from streamassign.cli.console import _Stdout
+    from streamassign.cli.views import _print_moves
 
     before = {"a": view(1, "0_0", "0_1"), "b": view(1, "0_1")}
     after = {"a": view(1, "0_0"), "b": view(1, "0_1"), "c": view(1, "", "0_1")}

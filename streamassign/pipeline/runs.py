@@ -25,9 +25,10 @@ import re
 import secrets
 import shutil
 import signal
+import sys
 import urllib.parse
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, Literal, Protocol
 
@@ -44,7 +45,9 @@ if TYPE_CHECKING:
 __all__ = [
     "CODE_FINGERPRINT",
     "MANIFEST",
+    "OTHER_CODE_LINE",
     "REBALANCES",
+    "ROW_FILES",
     "Code",
     "Files",
     "HadoopFiles",
@@ -60,12 +63,21 @@ __all__ = [
     "publish",
     "read_manifest",
     "replaceable",
+    "row_files",
+    "rows_damage",
+    "rows_unchecked",
     "run_damage",
     "sources_sha256",
     "staging_path",
     "this_code",
+    "why_other_code",
     "write_manifest",
 ]
+
+#: The manifest's record of the Parquet files under ``rebalances/`` as the run wrote them: their
+#: paths under it and their sizes in bytes. A rerun checks them before it keeps the run (a file
+#: deleted with its checksum file, or copied without checksum files, shows there).
+ROW_FILES: Final = "row_files"
 
 #: Where the rows and the manifest go under a run directory.
 REBALANCES: Final = "rebalances"
@@ -135,8 +147,8 @@ def sources_sha256(package: Traversable) -> str | None:
 def _shipped(folder: Traversable, prefix: str) -> Iterator[tuple[str, Traversable]]:
     """The regular files under ``folder`` whose names could be importable or shipped
     (``name.ext``, ``name`` an identifier), with their paths under it; subpackages by their
-    identifier names, bytecode caches left out. Dot files (an editor's ``.#cli.py`` lock, a
-    dangling link), backups (``cli.py~``, ``#cli.py#``) and bytecode are not the package."""
+    identifier names, bytecode caches left out. Dot files (an editor's ``.#plan.py`` lock, a
+    dangling link), backups (``plan.py~``, ``#plan.py#``) and bytecode are not the package."""
     for entry in folder.iterdir():
         name = entry.name
         if not name.split(".", 1)[0].isidentifier() or name.endswith(("~", ".pyc", ".pyo")):
@@ -151,19 +163,73 @@ def _shipped(folder: Traversable, prefix: str) -> Iterator[tuple[str, Traversabl
 def check_executor_code(driver: Code) -> None:
     """On an executor: :class:`ExecutorCodeError` if its Python workers import other
     streamassign code than ``driver`` (whose fingerprint the run's manifest records), so that
-    no row of a run comes from code its manifest does not name. Spark starts local workers
-    in the command's working directory, whose ``streamassign`` package comes first on their
-    path. Free after the first call in a worker process (``this_code`` is read once)."""
+    no row of a run comes from code its manifest does not name. The line names both packages;
+    the driver adds the cause (:func:`why_other_code`), as a worker running other code may be
+    older code that words it otherwise. Free after the first call in a worker process
+    (``this_code`` is read once)."""
     ours = this_code()
     if driver.fingerprint is None or ours.fingerprint == driver.fingerprint:
         return
     shown = ours.fingerprint[:12] + "…" if ours.fingerprint else "no fingerprint"
     raise ExecutorCodeError(
         f"Spark's Python workers import other streamassign code ({ours.where}, {shown}) than "
-        f"this command ({driver.where}, {driver.fingerprint[:12]}…): a streamassign package "
-        "in the working directory comes first on the workers' path; run from a folder "
-        "without one (or ship the same code to a cluster's executors)"
+        f"this command ({driver.where}, {driver.fingerprint[:12]}…)"
     )
+
+
+#: The part of a worker's :class:`ExecutorCodeError` line that names both packages, as every
+#: version writes it (older ones add a cause of their own after it, which the driver replaces).
+OTHER_CODE_LINE: Final = re.compile(
+    r"(Spark's Python workers import other streamassign code \((?P<where>.+?), "
+    r"(?:[0-9a-f]{12}…|no fingerprint)\) than this command \(.+?, [0-9a-f]{12}…\))"
+)
+
+
+#: How the zip of the driver's code shipped to the executors is named (``spark.ship_code``).
+SHIPPED_CODE_PREFIX = "streamassign-pipeline-code-"
+
+
+def why_other_code(worker_where: str, driver: Code, shipped: bool, local_master: bool) -> str:
+    """On the driver: why a Python worker imports the package at ``worker_where`` and not the
+    ``driver``'s, and the remedy, one cause: the very folder (or the zip shipped from it)
+    changed since the command read it (a ``local_master``'s workers only: a cluster's share
+    paths, not files, with the driver); a package in the command's working directory (Spark's
+    local workers start there, and it comes first on their path); a ``PYSPARK_PYTHON`` of the
+    user's (the driver sets it to its own interpreter unless one is set); else the executors'
+    own install, which ``shipped`` code did not come before."""
+    # A bare name: a worker that could not tell its folder; resolved here, it would read as
+    # a folder of ours (and need our working directory): no cause from its path then.
+    if os.path.isabs(worker_where):
+        worker = os.path.realpath(worker_where)
+        same_folder = local_master and worker == os.path.realpath(driver.where)
+        if same_folder or SHIPPED_CODE_PREFIX in worker:
+            return "its files changed since the command started (an edit, a checkout); run it again"
+        working = _working_directory()
+        if working and os.path.dirname(worker) == working:
+            return (
+                f"a streamassign package in the working directory ({working}) comes first on "
+                "the workers' path; run from a folder without one"
+            )
+    chosen = os.environ.get("PYSPARK_PYTHON")
+    if chosen and chosen != sys.executable:
+        return f"PYSPARK_PYTHON ({chosen}) has a streamassign of its own; install this one there"
+    if shipped:
+        return "the executors' Python imports its own streamassign first; install this one there"
+    return "the executors' Python has a streamassign of its own; pass --ship-code"
+
+
+def _working_directory() -> str | None:
+    """The command's working directory, None if it was deleted meanwhile."""
+    try:
+        return os.path.realpath(os.getcwd())
+    except FileNotFoundError:
+        return None
+
+
+def is_local_master(master: str) -> bool:
+    """Whether a Spark ``master`` runs its workers on this machine: ``local``, ``local[4]``,
+    ``local[*]``, ``local-cluster[...]`` (not ``spark://localhost``: a cluster's workers)."""
+    return master.startswith("local")
 
 
 def is_remote(path: str) -> bool:
@@ -205,6 +271,11 @@ class Files(Protocol):
 
     def has_files(self, path: str, suffix: str) -> bool: ...
 
+    def file_sizes(self, path: str, suffix: str) -> dict[str, int]:
+        """The files under ``path`` (at any depth) named ``*suffix``, by their paths under it,
+        with their sizes; hidden ones (``.name``, ``_name``: Hadoop's) left out."""
+        ...
+
     def write_text(self, path: str, text: str) -> None:
         """Write a new file whole or not at all (a reader never sees half of it)."""
         ...
@@ -238,6 +309,14 @@ class LocalFiles:
     def has_files(self, path: str, suffix: str) -> bool:
         root = Path(path)
         return root.is_dir() and any(p.name.endswith(suffix) for p in root.rglob("*"))
+
+    def file_sizes(self, path: str, suffix: str) -> dict[str, int]:
+        root = Path(path)
+        return {
+            found.relative_to(root).as_posix(): found.stat().st_size
+            for found in sorted(root.rglob(f"*{suffix}"))
+            if found.is_file() and not found.name.startswith((".", "_"))
+        }
 
     def write_text(self, path: str, text: str) -> None:
         """Atomically and durably (``files.write_atomically``: a unique hidden temporary file in
@@ -309,6 +388,21 @@ class HadoopFiles:
                 return True
         return False
 
+    def file_sizes(self, path: str, suffix: str) -> dict[str, int]:
+        fs, jpath = self._fs(path)
+        if not fs.exists(jpath):
+            return {}
+        # Paths compared without scheme and authority: ``hdfs://nn/x`` lists as ``hdfs://nn:8020/x``.
+        root = str(fs.makeQualified(jpath).toUri().getPath()).rstrip("/") + "/"
+        sizes, found = {}, fs.listFiles(jpath, True)
+        while found.hasNext():
+            status = found.next()
+            name = str(status.getPath().getName())
+            if name.endswith(suffix) and not name.startswith((".", "_")):
+                relative = str(status.getPath().toUri().getPath()).removeprefix(root)
+                sizes[relative] = int(status.getLen())
+        return dict(sorted(sizes.items()))
+
     def write_text(self, path: str, text: str) -> None:
         parent, name = _split(path)
         temporary = f"{parent}/.tmp-{secrets.token_hex(4)}-{name}"
@@ -360,6 +454,11 @@ def _partition_folder(column: str, value: str) -> str:
     return f"{column}={escaped}"
 
 
+def row_files(files: Files, run_dir: str) -> dict[str, int]:
+    """The run's Parquet files as the manifest records them (:data:`ROW_FILES`)."""
+    return files.file_sizes(f"{run_dir.rstrip('/')}/{REBALANCES}", ".parquet")
+
+
 def run_damage(files: Files, run_dir: str) -> str | None:
     """What is wrong with the run in ``run_dir``, as far as its files tell without Spark (a
     few rows deleted show only in ``report``'s count), or None. Said the way ``report`` says
@@ -385,17 +484,62 @@ def run_damage(files: Files, run_dir: str) -> str | None:
 _CRC_MAGIC: Final = b"crc\0"
 
 
-def checksum_damage(run_dir: str) -> str | None:
+def rows_damage(run_dir: str, manifest: Mapping[str, Any]) -> str | None:
+    """What the Parquet files under a local run's ``rebalances/`` show against what the run
+    wrote, or None: against the paths and sizes its ``manifest`` lists (:data:`ROW_FILES`: a
+    file deleted, with its checksum file or not, one added, one of another size), then against
+    the checksum file Spark's local writer leaves beside each one (bytes changed). A run whose
+    manifest lists none (older code, or written to a remote folder) is checked by its checksum
+    files alone. ``run_damage``
+    sees none of these, and a rerun must not keep such a run (milliseconds: every byte of a
+    file with a checksum file is read once)."""
+    listed = manifest.get(ROW_FILES)
+    if not isinstance(listed, dict):
+        return checksum_damage(run_dir)
+    rows = Path(run_dir) / REBALANCES
+    return _listing_damage(rows, listed) or checksum_damage(run_dir, every_file=False)
+
+
+def rows_unchecked(run_dir: str, manifest: Mapping[str, Any]) -> str | None:
+    """Why nothing can check the Parquet files of the local run in ``run_dir``, or None: its
+    manifest lists none (:data:`ROW_FILES`) and no checksum file is beside them."""
+    if isinstance(manifest.get(ROW_FILES), dict):
+        return None
+    if any((Path(run_dir) / REBALANCES).rglob(".*.parquet.crc")):
+        return None
+    return (
+        f"its manifest lists no files (a run written to a remote folder, or by older code) and "
+        "no checksum file "
+        f"(.*.parquet.crc) is under {REBALANCES}/ (copied without its dot files, or written "
+        "through a file system that writes none)"
+    )
+
+
+def _listing_damage(rows: Path, listed: Mapping[str, Any]) -> str | None:
+    """How the Parquet files under ``rows`` differ from ``listed`` (path under it: bytes)."""
+    found = LocalFiles().file_sizes(str(rows), ".parquet")
+    for shown, size in sorted(listed.items()):
+        if shown not in found:
+            return f"{REBALANCES}/{shown} is missing (the manifest lists it)"
+        if found[shown] != size:
+            return (
+                f"{REBALANCES}/{shown} changed size since it was written ({size:,} bytes "
+                f"then, {found[shown]:,} now)"
+            )
+    added = sorted(set(found) - set(listed))
+    if added:
+        return f"{REBALANCES}/{added[0]} is not a file the run wrote (added from elsewhere?)"
+    return None
+
+
+def checksum_damage(run_dir: str, *, every_file: bool = True) -> str | None:
     """What the Parquet files under a local run's ``rebalances/`` show against the checksum
     file Spark's local writer leaves beside each one: a file deleted (its checksum remains),
-    bytes changed, a file without a checksum (added from elsewhere); or that there is no
-    checksum to check at all (copied without its dot files?). None if every file matches.
-    ``run_damage`` sees none of these, and a rerun must not keep such a run (milliseconds:
-    every byte is read once)."""
+    bytes changed; with ``every_file``, a file without a checksum (added from elsewhere). None
+    if every checksum file matches its file, or there is none (``rows_unchecked`` says so
+    when nothing else checks the run)."""
     rows = Path(run_dir) / REBALANCES
     sidecars = sorted(rows.rglob(".*.parquet.crc"))
-    if not sidecars:
-        return f"no checksum file (.*.parquet.crc) under {REBALANCES}/ to check its rows by"
     for sidecar in sidecars:
         data = sidecar.with_name(sidecar.name[1:].removesuffix(".crc"))
         shown = data.relative_to(rows).as_posix()
@@ -404,6 +548,8 @@ def checksum_damage(run_dir: str) -> str | None:
         why = _checksum_mismatch(data, sidecar.read_bytes())
         if why is not None:
             return f"{REBALANCES}/{shown} {why}"
+    if not every_file or not sidecars:
+        return None
     for data in rows.rglob("*.parquet"):
         if not data.with_name(f".{data.name}.crc").is_file():
             shown = data.relative_to(rows).as_posix()

@@ -31,13 +31,20 @@ from typing import Any, Final
 from ..errors import ExecutorCodeError
 from .runs import (
     MANIFEST,
+    OTHER_CODE_LINE,
     REBALANCES,
+    ROW_FILES,
+    SHIPPED_CODE_PREFIX,
     Code,
     check_executor_code,
     check_rows_read,
     files_for,
+    is_local_master,
+    is_remote,
+    row_files,
     this_code,
     unreadable_file,
+    why_other_code,
     write_manifest,
 )
 from .signals import deferred_signals
@@ -148,7 +155,7 @@ def start_session(master: str | None = None, app_name: str = "streamassign") -> 
     chosen = master or (None if _under_spark_submit() else "local[*]")
     if chosen is not None:
         builder = builder.master(chosen)
-    local = (chosen or "").startswith("local")
+    local = is_local_master(chosen or "")
     if local:
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
         # Python workers run this interpreter (its venv and packages), not the first python3
@@ -247,7 +254,8 @@ def run_simulation(
 ) -> int:
     """Simulate every scenario of ``job`` on the executors; write ``out/rebalances`` (Parquet,
     partitioned by assignor, with ``run_id`` and ``seed`` columns) and then, last,
-    ``out/manifest`` (one JSON line). ``out`` must not hold rows yet: callers write into a
+    ``out/manifest`` (one JSON line; for a local ``out``, listing the Parquet files written
+    with their sizes: ``runs.ROW_FILES``). ``out`` must not hold rows yet: callers write into a
     fresh folder and publish it (``runs.publish``). ``counter``: a fresh int accumulator to
     count rows in (progress can read it as tasks finish). ``spark_tasks``: how many Spark tasks
     share the scenarios (default: ``_slices``). Returns the rows written."""
@@ -262,14 +270,17 @@ def run_simulation(
     frame = spark.createDataFrame(rdd, schema=row_schema(), verifySchema=False).select(
         F.lit(run_id).alias("run_id"), F.lit(job.seed).cast("long").alias("seed"), "*"
     )
-    with _said_as_executor_code_error():
+    with _said_as_executor_code_error(spark):
         frame.write.mode("errorifexists").partitionBy("assignor").parquet(_join(out, REBALANCES))
     # Counted from the files (their footers, not the rows): the accumulator (progress) counts
     # a task run twice (a retry, a speculative copy) twice, and the report checks the files
     # against this count.
     written = int(spark.read.parquet(_join(out, REBALANCES)).count())
+    files = files_for(out, spark)
     full = {**manifest, "run_id": run_id, "rows": written}
-    write_manifest(files_for(out, spark), out, full)
+    if not is_remote(out):  # a remote run is never kept, and Hadoop lists ~10 ms per file
+        full[ROW_FILES] = row_files(files, out)
+    write_manifest(files, out, full)
     return written
 
 
@@ -474,21 +485,48 @@ def _failure_text(exc: BaseException) -> str:
 
 
 @contextmanager
-def _said_as_executor_code_error() -> Iterator[None]:
+def _said_as_executor_code_error(spark: Any) -> Iterator[None]:
     """A job whose task failed with :class:`ExecutorCodeError` raises it as itself."""
     try:
         yield
     except Exception as exc:
-        if (other_code := _executor_code_error(exc)) is None:
+        other_code = _executor_code_error(exc, _ships_code(spark), _local_master(spark))
+        if other_code is None:
             raise
         raise other_code from exc
 
 
-def _executor_code_error(exc: BaseException) -> ExecutorCodeError | None:
+def _executor_code_error(
+    exc: BaseException, shipped: bool, local_master: bool
+) -> ExecutorCodeError | None:
     """The :class:`ExecutorCodeError` a task failed with, as one line on the driver (Spark
-    wraps it in its job's trace), or None if ``exc`` is another failure."""
+    wraps it in its job's trace), or None if ``exc`` is another failure. The cause is worked
+    out here (``runs.why_other_code``) from the worker's package folder: the worker runs other
+    code, which may word its own cause otherwise, or wrongly."""
     found = re.findall(rf"{ExecutorCodeError.__name__}: (.+)", _failure_text(exc))
-    return ExecutorCodeError(found[-1].strip()) if found else None
+    if not found:
+        return None
+    said = OTHER_CODE_LINE.match(found[-1].strip())
+    if said is None:  # a line this code cannot read: the worker's own, as it is
+        return ExecutorCodeError(found[-1].strip())
+    cause = why_other_code(said["where"], this_code(), shipped, local_master)
+    return ExecutorCodeError(f"{said[1]}: {cause}")
+
+
+def _ships_code(spark: Any) -> bool:
+    """Whether the session serves :func:`ship_code`'s zip to its executors."""
+    try:
+        return any(SHIPPED_CODE_PREFIX in f for f in spark.sparkContext.listFiles)
+    except Exception:  # a session already stopped: the cause then names no remedy of shipping
+        return False
+
+
+def _local_master(spark: Any) -> bool:
+    """Whether the session's workers run on this machine (``local``, ``local[*]``, ...)."""
+    try:
+        return is_local_master(str(spark.sparkContext.master))
+    except Exception:  # a session already stopped: then not known to share our files
+        return False
 
 
 def _check_rows_read(
@@ -594,7 +632,7 @@ def run_plan(spark: Any, job: PlanJob, spark_tasks: int | None = None) -> list[d
         ),
     )
     rows = []
-    with _said_as_executor_code_error():
+    with _said_as_executor_code_error(spark):
         collected = grouped.orderBy("standbys", "warmups").collect()
     for r in collected:
         d = r.asDict()
@@ -620,7 +658,7 @@ def ship_code(spark: Any, workdir: str | Path) -> Path:
     import streamassign
 
     # A name of its own: Spark refuses a second file of the same name from another path.
-    target = Path(workdir) / f"streamassign-pipeline-code-{secrets.token_hex(4)}.zip"
+    target = Path(workdir) / f"{SHIPPED_CODE_PREFIX}{secrets.token_hex(4)}.zip"
     target.parent.mkdir(parents=True, exist_ok=True)
     with zipfile.ZipFile(target, "w", zipfile.ZIP_DEFLATED) as zf:
         for module in (streamassign, attr, attrs):
@@ -637,4 +675,4 @@ def wants_shipped_code(spark: Any, ship: bool | None) -> bool:
     """``--ship-code`` as given, else on for every master but local mode."""
     if ship is not None:
         return ship
-    return not str(spark.sparkContext.master).startswith("local")
+    return not is_local_master(str(spark.sparkContext.master))

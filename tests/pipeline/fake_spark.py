@@ -71,7 +71,7 @@ class _Session:
 
 
 def _install(mode: str) -> None:
-    from streamassign import cli
+    from streamassign.cli import plan_standbys
     from streamassign.pipeline import preflight
     from streamassign.pipeline import spark as sp
 
@@ -101,7 +101,7 @@ def _install(mode: str) -> None:
     if mode.startswith("signal-"):
         _signal_while_publishing(mode.removeprefix("signal-"))
     sp.run_plan = lambda *args: []
-    cli._standby_plan = standby_plan  # type: ignore[assignment]
+    plan_standbys._standby_plan = standby_plan  # type: ignore[assignment]
 
 
 def _signal_while_publishing(when: str) -> None:

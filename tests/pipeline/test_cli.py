@@ -22,7 +22,7 @@ from click.testing import CliRunner
 
 from streamassign.cli import main
 
-from ..cli_runner import cli_runner
+from ..cli_runner import cli_runner, replace_in_cli
 from .conftest import ORDERS, ROOT, hadoop_checksums
 
 SUBMIT = ROOT / "streamassign" / "pipeline" / "submit.py"
@@ -277,7 +277,7 @@ def test_plan_standbys_exits_3_when_no_candidate_reaches_the_target(
 ) -> None:
     """The plan is printed and written either way; the status tells a script the outcome."""
     pytest.importorskip("pyspark")
-    from streamassign import cli
+    from streamassign.cli import plan_standbys
     from streamassign.pipeline import progress
     from streamassign.pipeline.standbys import recommend
 
@@ -292,8 +292,8 @@ def test_plan_standbys_exits_3_when_no_candidate_reaches_the_target(
         plan = {"candidates": rows, "recommended": dict(best), "why": why, "knobs": []}
         return plan | {"target_reached": reached}, best
 
-    monkeypatch.setattr(cli, "_evaluate_standby_candidates", lambda *a: None)
-    monkeypatch.setattr(cli, "_standby_plan", plan_of)
+    monkeypatch.setattr(plan_standbys, "_evaluate_standby_candidates", lambda *a: None)
+    monkeypatch.setattr(plan_standbys, "_standby_plan", plan_of)
     # As in a terminal or a log apart from stdout (pytest -s 2>&1 | tee would merge them).
     monkeypatch.setattr(progress, "stderr_joins_stdout", lambda: False)
     args = ["plan-standbys", str(ORDERS), "--json", *(["--target", target] if target else [])]
@@ -309,7 +309,7 @@ def test_plan_standbys_exits_3_when_no_candidate_reaches_the_target(
 def _fake_plan(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """Stand-ins for the Spark evaluation and the plan: returns the list the evaluation
     appends to when it runs."""
-    from streamassign import cli
+    from streamassign.cli import plan_standbys
 
     ran: list[str] = []
     rows = [{"standbys": 1, "warmups": 0, "availability": 0.999, "standby_load": 1.0}]
@@ -317,8 +317,12 @@ def _fake_plan(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     rows[0] |= {"worst_outage_p99_s": 1.0, "bootstrap_per_hour": 1.0}
     plan = {"candidates": rows, "recommended": rows[0], "why": "cheapest", "knobs": []}
     plan |= {"assignor": "task:sticky", "assignor_why": "no warmups", "without_warmups": None}
-    monkeypatch.setattr(cli, "_evaluate_standby_candidates", lambda *a: ran.append("spark"))
-    monkeypatch.setattr(cli, "_standby_plan", lambda *a: (plan | {"target_reached": True}, rows[0]))
+    monkeypatch.setattr(
+        plan_standbys, "_evaluate_standby_candidates", lambda *a: ran.append("spark")
+    )
+    monkeypatch.setattr(
+        plan_standbys, "_standby_plan", lambda *a: (plan | {"target_reached": True}, rows[0])
+    )
     return ran
 
 
@@ -379,7 +383,6 @@ def test_a_dangling_symlink_in_out_is_refused_before_spark(
     created the link's target. Following it could write under an empty mount point."""
     pytest.importorskip("pyspark")
     pytest.importorskip("plotly")
-    from streamassign import cli
     from streamassign.pipeline import spark as sp
 
     ran = _fake_plan(monkeypatch)
@@ -389,7 +392,7 @@ def test_a_dangling_symlink_in_out_is_refused_before_spark(
 
     monkeypatch.setattr(sp, "spark_session", no_spark)
     monkeypatch.setattr(sp, "start_session", no_spark)
-    monkeypatch.setattr(cli, "_session", no_spark)
+    replace_in_cli(monkeypatch, "_session", no_spark)
     target = tmp_path / "unmounted" / "runs"
     link = tmp_path / "link"
     link.symlink_to(target)
@@ -482,7 +485,7 @@ def test_a_link_that_cannot_be_followed_for_permission_is_one_line(
 
     import click
 
-    from streamassign import cli
+    from streamassign.cli import run_folders
 
     link = tmp_path / "link"
     link.symlink_to(tmp_path / "locked" / "runs")
@@ -495,7 +498,7 @@ def test_a_link_that_cannot_be_followed_for_permission_is_one_line(
 
     monkeypatch.setattr(os, "stat", stat)
     with pytest.raises(click.ClickException) as caught:
-        cli._refuse_dangling_link(link / "x", "--out x")
+        run_folders._refuse_dangling_link(link / "x", "--out x")
     assert caught.value.message == f"--out x: cannot follow {link}: Permission denied"
 
 
@@ -513,7 +516,7 @@ def test_a_symlink_in_out_to_an_existing_folder_is_followed(
 def test_plan_standbys_prints_the_plan_before_writing_it_atomically(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    from streamassign import cli
+    from streamassign.cli import plan_standbys
 
     _fake_plan(monkeypatch)
     out_dir = tmp_path / "new" / "plans"
@@ -525,14 +528,14 @@ def test_plan_standbys_prints_the_plan_before_writing_it_atomically(
     assert csv_before.startswith("standbys,warmups,availability")
 
     json_before = (out_dir / "plan.json").read_text()
-    real_stage = cli._stage_file
+    real_stage = plan_standbys._stage_file
 
     def full_disk(target: Path, data: bytes) -> str:
         if target.name == "plan.json":
             raise OSError(28, "No space left on device")
         return real_stage(target, data)
 
-    monkeypatch.setattr(cli, "_stage_file", full_disk)
+    monkeypatch.setattr(plan_standbys, "_stage_file", full_disk)
     result = cli_runner().invoke(main, ["plan-standbys", str(ORDERS), "--out", str(out_dir)])
     assert result.exit_code == 1
     assert "recommended: cheapest" in result.stdout  # printed first: nothing the run found lost
@@ -599,12 +602,12 @@ def test_a_failed_or_refused_run_keeps_the_old_one(
 def test_ctrl_c_exits_130_in_one_line(
     spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import streamassign.cli as cli
+    from streamassign.cli import simulate
 
     def interrupted(*args: Any) -> Any:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(cli, "_write_run", interrupted)
+    monkeypatch.setattr(simulate, "_write_run", interrupted)
     result = CliRunner().invoke(main, ["simulate", str(ORDERS), *TINY, "--out", str(tmp_path)])
     assert result.exit_code == 130
     assert (
@@ -624,7 +627,6 @@ def test_report_refuses_an_out_folder_that_is_not_a_report_before_spark(
 ) -> None:
     pytest.importorskip("pyspark")
     pytest.importorskip("plotly")
-    from streamassign import cli
 
     run = tmp_path / "run"
     _valid_run(run)
@@ -634,7 +636,7 @@ def test_report_refuses_an_out_folder_that_is_not_a_report_before_spark(
     def no_spark(*a: Any) -> Any:
         raise AssertionError("Spark was started")
 
-    monkeypatch.setattr(cli, "_session", no_spark)
+    replace_in_cli(monkeypatch, "_session", no_spark)
     code, out = invoke("report", str(run), "--out", str(tmp_path / "mine"))
     assert code == 1
     assert out == (
@@ -659,12 +661,11 @@ def test_report_refuses_a_damaged_run_and_keeps_the_earlier_report(
     """A review found a run whose Parquet files were deleted reported as "empty"."""
     pytest.importorskip("pyspark")
     pytest.importorskip("plotly")
-    from streamassign import cli
 
     def no_spark(*a: Any) -> Any:
         raise AssertionError("Spark was started")
 
-    monkeypatch.setattr(cli, "_session", no_spark)
+    replace_in_cli(monkeypatch, "_session", no_spark)
     run = tmp_path / "run"
     _valid_run(run)
     (run / "report").mkdir()
@@ -726,7 +727,7 @@ def test_importing_the_pipeline_imports_neither_spark_nor_plotly() -> None:
 
 
 def test_spark_failures_are_summed_up_in_one_line() -> None:
-    from streamassign.cli import _spark_failure
+    from streamassign.cli.failures import _spark_failure
 
     python = (
         "An error occurred while calling o76.parquet.\n: org.apache.spark.SparkException: Job "
@@ -759,7 +760,7 @@ def _printed_next(
     back as a shell would (shlex), and what it says it compares; its whole output appended to
     ``printed``."""
     printed = [] if printed is None else printed
-    from streamassign import cli
+    from streamassign.cli import plan_standbys
 
     pytest.importorskip("pyspark")
     row = {"standbys": best[0], "warmups": best[1], "availability": 0.999, "standby_load": 1.0}
@@ -768,8 +769,10 @@ def _printed_next(
     plain = None if sticky is None else row | {"standbys": sticky, "warmups": 0}
     plan = {"candidates": [row], "recommended": row, "why": "cheapest", "knobs": []}
     plan |= {"assignor": "task:ha", "assignor_why": "-", "without_warmups": plain}
-    monkeypatch.setattr(cli, "_evaluate_standby_candidates", lambda *a: None)
-    monkeypatch.setattr(cli, "_standby_plan", lambda *a: (plan | {"target_reached": True}, row))
+    monkeypatch.setattr(plan_standbys, "_evaluate_standby_candidates", lambda *a: None)
+    monkeypatch.setattr(
+        plan_standbys, "_standby_plan", lambda *a: (plan | {"target_reached": True}, row)
+    )
     code, out = invoke("plan-standbys", str(ORDERS), *args)
     assert code == 0, out
     printed.append(out)
@@ -786,14 +789,14 @@ def _stop_where_spark_starts(monkeypatch: pytest.MonkeyPatch) -> None:
         raise click.ClickException("stopped where Spark starts")
         yield
 
-    monkeypatch.setattr("streamassign.cli._session", no_spark)
+    replace_in_cli(monkeypatch, "_session", no_spark)
 
 
 def _a_run_of(words: Sequence[str], folder: Path, **changed: Any) -> None:
     """A complete run in ``folder`` whose manifest is what simulate ``words`` records, with
     ``changed`` keys (of the manifest, or of its model) set; None: left out, as by a run written
     before simulate recorded it."""
-    from streamassign.cli import _manifest, _simulation_job, simulate
+    from streamassign.cli.simulate import _manifest, _simulation_job, simulate
 
     with simulate.make_context("simulate", list(words[2:])) as ctx:
         job, _ = _simulation_job(ctx.params)
@@ -827,7 +830,7 @@ def test_plan_standbys_next_command_runs_as_printed_with_the_users_model(
     README command 1 (a run in streamassign-runs/NAME) it was refused; it simulated the default
     fleet; it dropped the warmups and probing interval (simulate had no such options); it
     wrote --restore-rate 1234567 as 1.23457e+06, another rate."""
-    from streamassign.cli import simulate
+    from streamassign.cli.simulate import simulate
 
     monkeypatch.chdir(tmp_path)
     _a_complete_run(tmp_path / "streamassign-runs" / "orders-enricher")  # README command 1's
@@ -1254,7 +1257,7 @@ def test_a_group_signal_while_publishing_remotely_says_where_each_run_is(
     import os
     import signal
 
-    from streamassign import cli
+    from streamassign.cli import failures, run_folders
     from streamassign.pipeline import runs
 
     run, staging = tmp_path / "run", tmp_path / ".run.partial-new"
@@ -1280,9 +1283,9 @@ def test_a_group_signal_while_publishing_remotely_says_where_each_run_is(
 
     with (
         pytest.raises(SystemExit) as exited,
-        cli._one_line_failures("simulating", f"the run in {run} kept"),
+        failures._one_line_failures("simulating", f"the run in {run} kept"),
     ):
-        cli._publish(StoppedBySignal(), str(staging), str(run), "new", "run")
+        run_folders._publish(StoppedBySignal(), str(staging), str(run), "new", "run")
     assert exited.value.code == 128 + signal.SIGTERM
     last = capsys.readouterr().err.splitlines()[-1]
     assert last.startswith(
@@ -1310,7 +1313,7 @@ def test_a_group_sigterm_while_the_jvm_starts_reads_as_the_signal(
     from pyspark.errors import PySparkRuntimeError
     from pyspark.sql import SparkSession
 
-    from streamassign import cli
+    from streamassign.cli import failures, jobs
     from streamassign.pipeline import spark as sp
 
     def start_session(*args: Any) -> Any:
@@ -1321,8 +1324,8 @@ def test_a_group_sigterm_while_the_jvm_starts_reads_as_the_signal(
     monkeypatch.setattr(sp, "start_session", start_session)
     with (
         pytest.raises(SystemExit) as exited,
-        cli._one_line_failures("simulating", "DIR left as it was"),
-        cli._session(None),
+        failures._one_line_failures("simulating", "DIR left as it was"),
+        jobs._session(None),
     ):
         pytest.fail("the session started")
     assert exited.value.code == 128 + signal.SIGTERM
@@ -1338,7 +1341,8 @@ def test_a_signal_while_the_report_is_moved_into_place_says_it_is_there(
     import os
     import signal
 
-    from streamassign import cli
+    from streamassign.cli import failures
+    from streamassign.cli import report as report_cli
     from streamassign.pipeline import progress, report, runs
     from streamassign.pipeline import spark as sp
 
@@ -1357,8 +1361,8 @@ def test_a_signal_while_the_report_is_moved_into_place_says_it_is_there(
     monkeypatch.setattr(report, "render_report", render_report)
     monkeypatch.setattr(runs.LocalFiles, "rename", rename_then_signal)
     out = tmp_path / "report"
-    with pytest.raises(SystemExit) as exited, cli._one_line_failures("writing the report"):
-        cli._render(SimpleNamespace(), str(tmp_path), out)
+    with pytest.raises(SystemExit) as exited, failures._one_line_failures("writing the report"):
+        report_cli._render(SimpleNamespace(), str(tmp_path), out)
     assert exited.value.code == 128 + signal.SIGTERM
     assert (out / "report.html").read_text() == "new"
     last = capsys.readouterr().err.splitlines()[-1]
@@ -1370,7 +1374,7 @@ def test_a_report_that_cannot_be_moved_into_place_is_one_line_and_leaves_nothing
 ) -> None:
     """A failed rename (not a signal) while ``report`` replaced an earlier report left the new
     one's hidden folder behind and ended in a trace; now one line says where the earlier one is."""
-    from streamassign import cli
+    from streamassign.cli import report as report_cli
     from streamassign.pipeline import progress, report, runs
     from streamassign.pipeline import spark as sp
 
@@ -1389,7 +1393,7 @@ def test_a_report_that_cannot_be_moved_into_place_is_one_line_and_leaves_nothing
     monkeypatch.setattr(report, "render_report", render_report)
     monkeypatch.setattr(runs.LocalFiles, "rename", refused)
     with pytest.raises(click.ClickException) as raised:
-        cli._render(SimpleNamespace(), str(tmp_path), out)
+        report_cli._render(SimpleNamespace(), str(tmp_path), out)
     assert raised.value.message == (
         f"publishing the report failed: [Errno 13] Permission denied: '{tmp_path}/report'; "
         f"the earlier report in {out} kept"
@@ -1415,6 +1419,8 @@ def test_a_report_of_the_same_run_is_told_from_the_earlier_one(
     import signal
 
     from streamassign import cli
+    from streamassign.cli import failures
+    from streamassign.cli import report as report_cli
     from streamassign.pipeline import progress, report, runs
     from streamassign.pipeline import spark as sp
 
@@ -1426,7 +1432,7 @@ def test_a_report_of_the_same_run_is_told_from_the_earlier_one(
     monkeypatch.setattr(sp, "aggregate", lambda *a: None)
     monkeypatch.setattr(report, "render_report", render_report)
     out = tmp_path / "report"
-    cli._render(SimpleNamespace(), str(tmp_path), out)  # the earlier report
+    report_cli._render(SimpleNamespace(), str(tmp_path), out)  # the earlier report
     earlier = (out / cli.REPORT_ID).read_text()
     rename = runs.LocalFiles.rename
 
@@ -1442,9 +1448,9 @@ def test_a_report_of_the_same_run_is_told_from_the_earlier_one(
     complete = "run R is complete; next: streamassign report DIR"
     with (
         pytest.raises((SystemExit, click.ClickException)) as raised,
-        cli._one_line_failures("writing the report", done=complete),
+        failures._one_line_failures("writing the report", done=complete),
     ):
-        cli._render(SimpleNamespace(), str(tmp_path), out)
+        report_cli._render(SimpleNamespace(), str(tmp_path), out)
     assert (out / cli.REPORT_ID).read_text() == earlier  # the earlier report, where it was
     if how == "refused":
         assert isinstance(raised.value, click.ClickException)
@@ -1466,7 +1472,7 @@ def test_a_run_whose_old_run_cannot_be_deleted_says_where_it_is_left(
     """An audit: deleting the replaced run failing (a remote delete refused) ended simulate
     with "simulating failed: ...; the run in DIR kept", with the new run in DIR and the old one
     aside. Now the run is published, and a note says where the old one was left."""
-    from streamassign import cli
+    from streamassign.cli import failures, simulate
     from streamassign.pipeline import progress, runs
     from streamassign.pipeline import spark as sp
 
@@ -1487,8 +1493,8 @@ def test_a_run_whose_old_run_cannot_be_deleted_says_where_it_is_left(
     monkeypatch.setattr(progress, "run_tracked", lambda session, what, console, run, detail: run())
     monkeypatch.setattr(sp, "run_simulation", run_simulation)
     monkeypatch.setattr(runs.LocalFiles, "delete", refused)
-    with cli._one_line_failures("simulating", f"the run in {run_dir} kept"):
-        rows, _ = cli._write_run(session, None, str(run_dir), {}, "new", overwrite=True)
+    with failures._one_line_failures("simulating", f"the run in {run_dir} kept"):
+        rows, _ = simulate._write_run(session, None, str(run_dir), {}, "new", overwrite=True)
     assert rows == 5
     assert (runs.read_manifest(runs.LocalFiles(), str(run_dir)) or {})["run_id"] == "new"
     aside = tmp_path / ".run.replaced-new"
@@ -1514,12 +1520,11 @@ def test_a_rerun_is_refused_in_one_line_naming_the_report_or_how_to_write_it(
     add to simulate again."""
     pytest.importorskip("pyspark")
     pytest.importorskip("plotly")
-    from streamassign import cli
 
     def no_spark(*a: Any, **k: Any) -> Any:
         raise AssertionError("Spark was started")
 
-    monkeypatch.setattr(cli, "_session", no_spark)
+    replace_in_cli(monkeypatch, "_session", no_spark)
     run = tmp_path / "run"
     (run / "manifest").mkdir(parents=True)
     (run / "manifest" / "part-00000.json").write_text('{"rows": 31, "run_id": "first"}\n')
@@ -1559,12 +1564,11 @@ def _a_kept_run(monkeypatch: pytest.MonkeyPatch, run: Path, **changed: Any) -> l
     the command (from ``simulate``); Spark never starts."""
     pytest.importorskip("pyspark")
     pytest.importorskip("plotly")
-    from streamassign import cli
 
     def no_spark(*a: Any, **k: Any) -> Any:
         raise AssertionError("Spark was started")
 
-    monkeypatch.setattr(cli, "_session", no_spark)
+    replace_in_cli(monkeypatch, "_session", no_spark)
     words = ["streamassign", "simulate", str(ORDERS), "--report", "--out", str(run)]
     _a_run_of(words, run, run_id="first", created="2026-11-29T04:51:02+00:00", **changed)
     return words[1:]
@@ -1577,7 +1581,7 @@ def test_a_rerun_of_the_same_simulation_by_the_same_code_keeps_its_run_and_exits
     and exited 1, failing a set-up script that reruns it. A run of the very same simulation
     by the very same code (the same rows) is kept, said in one line with its date and report,
     exit status 0, Spark never started; another seed is still refused, naming it."""
-    from streamassign import cli
+    from streamassign.cli import kept_runs, standby_runs
 
     run = tmp_path / "run"
     command = _a_kept_run(monkeypatch, run)
@@ -1586,9 +1590,9 @@ def test_a_rerun_of_the_same_simulation_by_the_same_code_keeps_its_run_and_exits
     # Every setting of the identity is compared, and named when it differs; the topology file
     # by its content, not its path as typed.
     recorded = json.loads(manifest)
-    assert {k for k in cli._SETTING_NAMES if k in recorded} == set(cli._SETTING_NAMES)
-    identity = set(cli._identity_of(["streamassign", *command]) or {})
-    assert set(cli._SETTING_NAMES) == identity - {"topology_file"}
+    assert {k for k in kept_runs._SETTING_NAMES if k in recorded} == set(kept_runs._SETTING_NAMES)
+    identity = set(standby_runs._identity_of(["streamassign", *command]) or {})
+    assert set(kept_runs._SETTING_NAMES) == identity - {"topology_file"}
     page = run / "report" / "report.html"
     page.parent.mkdir()
     page.write_text("the first run's")
@@ -1651,6 +1655,85 @@ def test_a_damaged_run_is_never_kept_even_beside_its_report(
     assert page.read_text() == "the first run's"
 
 
+def _list_rows(run: Path, recorded: bool = True) -> None:
+    """Record in the manifest of ``run`` its Parquet files and sizes, as simulate writes them
+    (``recorded`` False: leave them out, as older code did)."""
+    from streamassign.pipeline.runs import ROW_FILES, LocalFiles, row_files
+
+    path = run / "manifest" / "part-00000.json"
+    manifest = json.loads(path.read_text())
+    manifest.pop(ROW_FILES, None)
+    path.write_text(
+        json.dumps(manifest | ({ROW_FILES: row_files(LocalFiles(), str(run))} if recorded else {}))
+    )
+
+
+def test_a_kept_run_is_checked_against_the_files_its_manifest_lists(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A Parquet file deleted together with its checksum file was kept beside the run's report;
+    a local run without checksum files (a file system writing none) was refused as damaged.
+    The names and sizes the manifest lists tell both apart; a run that lists none and has no
+    checksum file is refused as one that cannot be checked, not as damaged."""
+    run = tmp_path / "run"
+    command = _a_kept_run(monkeypatch, run)
+    (run / "report").mkdir()
+    (run / "report" / "report.html").write_text("the first run's")
+    folder = next((run / "rebalances").glob("*/part-00000.parquet")).parent
+    (folder / "part-00001.parquet").write_bytes(b"PAR1")
+    (folder / ".part-00001.parquet.crc").write_bytes(hadoop_checksums(b"PAR1"))
+    _list_rows(run)
+    assert invoke(*command)[0] == 0
+    shown = f"rebalances/{folder.name}/part-00001.parquet"
+    (folder / "part-00001.parquet").unlink()  # with its checksum file
+    (folder / ".part-00001.parquet.crc").unlink()
+    code, out = invoke(*command)
+    assert (code, out) == (
+        1,
+        f"Error: {run}: damaged run: {shown} is missing (the manifest lists it); it cannot be "
+        "kept: pass --overwrite to simulate it again\n",
+    )
+    (folder / "part-00001.parquet").write_bytes(b"PAR1")
+    for sidecar in (run / "rebalances").rglob(".*.crc"):  # copied without its dot files
+        sidecar.unlink()
+    assert invoke(*command)[0] == 0
+    _list_rows(run, recorded=False)
+    code, out = invoke(*command)
+    assert (code, out) == (
+        1,
+        f"Error: {run}: its rows cannot be checked: its manifest lists no files (a run written "
+        "to a remote folder, or by older code) and no checksum file (.*.parquet.crc) is under "
+        "rebalances/ (copied "
+        "without its dot files, or written through a file system that writes none); it cannot "
+        "be kept: pass --overwrite to simulate it again\n",
+    )
+    assert (run / "report" / "report.html").read_text() == "the first run's"
+
+
+def test_a_kept_runs_report_folder_without_its_page_is_refused_before_spark_starts(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """--report over a kept run whose report/ holds other files but no report.html started
+    Spark, then said to give another --out: simulate's --out is the run's folder, so that
+    simulated it all again elsewhere. Refused before Spark, naming the remedies that keep it.
+    Kept without --report, its next step is a report command that does not refuse the folder."""
+    run = tmp_path / "run"
+    command = _a_kept_run(monkeypatch, run)  # Spark never starts
+    (run / "report").mkdir()
+    (run / "report" / "by_event.csv").write_text("mine")
+    code, out = invoke(*[arg for arg in command if arg != "--report"])
+    assert code == 0, out
+    assert out.endswith(f"\nnext: streamassign report {run} --out OTHER\n")
+    code, out = invoke(*command)
+    assert (code, out) == (
+        1,
+        f"Error: {run / 'report'} exists and holds no report.html: not replacing it with the "
+        f"kept run's report; move its files away, or write the report elsewhere: streamassign "
+        f"report {run} --out OTHER\n",
+    )
+    assert (run / "report" / "by_event.csv").read_text() == "mine"
+
+
 def test_a_rerun_over_a_run_of_other_code_is_refused_naming_its_fingerprint(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
@@ -1695,11 +1778,11 @@ def test_code_without_a_fingerprint_never_keeps_a_run_and_says_why(
 ) -> None:
     """Imported from where its files cannot be read (a loader that is neither a folder nor a
     zip), the code has no fingerprint: the hash of nothing matched every such version."""
-    from streamassign import cli
+    from streamassign.cli import kept_runs
     from streamassign.pipeline import runs
 
     monkeypatch.setattr(runs, "this_code", lambda: runs.Code("/app.pex/streamassign", None))
-    assert cli._other_code({"code_sha256": None, "assignors": ["task:sticky"]}) == (
+    assert kept_runs._other_code({"code_sha256": None, "assignors": ["task:sticky"]}) == (
         "not known to be by this code (the streamassign package at /app.pex/streamassign "
         "cannot be read to fingerprint it)"
     )
@@ -1709,7 +1792,7 @@ def test_a_remote_run_is_never_kept_and_its_refusal_names_what_differs(tmp_path:
     """A remote DIR is read through Spark, once it has started: its run is never kept (the
     refusal stays, exit status 1), and the refusal compares the new run's settings, not its
     date or master, with the run's."""
-    from streamassign import cli
+    from streamassign.cli import kept_runs, simulate
 
     run = tmp_path / "run"
     words = ["streamassign", "simulate", str(ORDERS), "--out", "hdfs://nn/runs/x"]
@@ -1733,22 +1816,22 @@ def test_a_remote_run_is_never_kept_and_its_refusal_names_what_differs(tmp_path:
         def has_files(self, path: str, suffix: str) -> bool:
             return any(Path(self._at(path)).rglob(f"*{suffix}"))
 
-    with cli.simulate.make_context("simulate", words[2:]) as ctx:
-        job, _ = cli._simulation_job(ctx.params)
-        new_run = cli._manifest(ctx.params["topology_file"], job, [], "yarn")
+    with simulate.simulate.make_context("simulate", words[2:]) as ctx:
+        job, _ = simulate._simulation_job(ctx.params)
+        new_run = simulate._manifest(ctx.params["topology_file"], job, [], "yarn")
     end = (
         "; pass --overwrite to replace it once the new run is complete, or --out for another folder"
     )
     with pytest.raises(click.ClickException) as refused:
-        cli._refuse_existing(Remote(), "hdfs://nn/runs/x", False, new_run)
+        kept_runs._refuse_existing(Remote(), "hdfs://nn/runs/x", False, new_run)
     assert refused.value.message == f"hdfs://nn/runs/x already holds a complete run (first){end}"
     with pytest.raises(click.ClickException) as refused:
-        cli._refuse_existing(Remote(), "hdfs://nn/runs/x", False, new_run | {"seed": 7})
+        kept_runs._refuse_existing(Remote(), "hdfs://nn/runs/x", False, new_run | {"seed": 7})
     assert refused.value.message == (
         f"hdfs://nn/runs/x already holds a complete run (first) of another simulation (other "
         f"--seed){end}"
     )
-    assert cli._refuse_existing(Remote(), "hdfs://nn/runs/x", True, new_run) is None
+    assert kept_runs._refuse_existing(Remote(), "hdfs://nn/runs/x", True, new_run) is None
 
 
 def test_a_kept_run_without_its_report_gets_it_with_the_commands_spark_options(
@@ -1758,7 +1841,6 @@ def test_a_kept_run_without_its_report_gets_it_with_the_commands_spark_options(
     the command's --ship-code and aggregated at its --spark-tasks (they were dropped); damage
     only the rows show (report's count) is one line whose remedy is --overwrite: simulate
     again without it would keep the damaged run once more."""
-    from streamassign import cli
     from streamassign.errors import DamagedRunError
 
     run = tmp_path / "run"
@@ -1776,8 +1858,8 @@ def test_a_kept_run_without_its_report_gets_it_with_the_commands_spark_options(
         (Path(run_dir) / "report" / "report.html").write_text("rendered")
         return Path(run_dir) / "report" / "report.html"
 
-    monkeypatch.setattr(cli, "_session", session)
-    monkeypatch.setattr(cli, "_render", render)
+    replace_in_cli(monkeypatch, "_session", session)
+    replace_in_cli(monkeypatch, "_render", render)
     code, out = invoke(*command, "--spark-tasks", "3", "--ship-code")
     assert code == 0, out
     assert started == [(None, True), ("session", str(run), None, 3)]
@@ -1800,7 +1882,7 @@ def test_a_kept_run_without_its_report_gets_it_with_the_commands_spark_options(
         raise click.ClickException(str(cause)) from cause
 
     shutil.rmtree(run / "report")
-    monkeypatch.setattr(cli, "_render", damaged)
+    replace_in_cli(monkeypatch, "_render", damaged)
     code, out = invoke(*command)
     assert code == 1
     assert ": kept, nothing simulated" not in out  # it is not kept: said once, not both
@@ -1820,7 +1902,7 @@ def test_ctrl_c_while_the_report_is_written_says_how_to_write_it(
     pytest.importorskip("plotly")
     from types import SimpleNamespace
 
-    from streamassign import cli
+    from streamassign.cli import simulate
 
     @contextlib.contextmanager
     def session(*a: Any) -> Iterator[Any]:
@@ -1829,9 +1911,9 @@ def test_ctrl_c_while_the_report_is_written_says_how_to_write_it(
     def interrupted(*a: Any) -> Any:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(cli, "_session", session)
-    monkeypatch.setattr(cli, "_write_run", lambda *a: (12, 1.0))
-    monkeypatch.setattr(cli, "_render", interrupted)
+    replace_in_cli(monkeypatch, "_session", session)
+    monkeypatch.setattr(simulate, "_write_run", lambda *a: (12, 1.0))
+    replace_in_cli(monkeypatch, "_render", interrupted)
     run = tmp_path / "run"
     result = cli_runner().invoke(
         main, ["simulate", str(ORDERS), *TINY, "--out", str(run), "--report"]
@@ -1885,15 +1967,15 @@ def test_simulate_records_the_hash_of_the_topology_it_parsed(
         recorded.append(manifest)
         raise click.ClickException("stopped before writing")
 
-    monkeypatch.setattr("streamassign.cli._session", edited_while_spark_starts)
-    monkeypatch.setattr("streamassign.cli._write_run", stop_at_write)
+    replace_in_cli(monkeypatch, "_session", edited_while_spark_starts)
+    monkeypatch.setattr("streamassign.cli.simulate._write_run", stop_at_write)
     code, out = invoke("simulate", str(topology), *TINY, "--out", str(tmp_path / "run"))
     assert code == 1 and "stopped before writing" in out, out
     assert recorded[0]["topology_sha256"] == hashlib.sha256(parsed).hexdigest()
 
     # Deleted in between: no traceback, the bytes parsed are hashed all the same.
     topology.write_bytes(parsed)
-    monkeypatch.setattr("streamassign.cli._session", _deleting_session(topology))
+    replace_in_cli(monkeypatch, "_session", _deleting_session(topology))
     code, out = invoke("simulate", str(topology), *TINY, "--out", str(tmp_path / "run"))
     assert code == 1 and "stopped before writing" in out, out
     assert recorded[1]["topology_sha256"] == hashlib.sha256(parsed).hexdigest()
@@ -1915,7 +1997,8 @@ def test_a_report_failing_after_a_complete_run_is_one_line_naming_the_run(
     missing) ended in a trace, with nothing saying the run was kept. After a complete run
     any failure of its report is one line: what failed, that the run is complete, and the
     command that writes the report (which shows the trace if it fails again)."""
-    from streamassign import cli
+    from streamassign.cli import failures
+    from streamassign.cli import report as report_cli
     from streamassign.pipeline import progress, report
     from streamassign.pipeline import spark as sp
 
@@ -1928,16 +2011,16 @@ def test_a_report_failing_after_a_complete_run_is_one_line_naming_the_run(
     complete = "run R is complete; next: streamassign report DIR"
     with (
         pytest.raises(click.ClickException) as raised,
-        cli._one_line_failures("writing the report", done=complete),
+        failures._one_line_failures("writing the report", done=complete),
     ):
-        cli._render(SimpleNamespace(), str(tmp_path), tmp_path / "report")
+        report_cli._render(SimpleNamespace(), str(tmp_path), tmp_path / "report")
     assert raised.value.message == (
         f"writing the report failed: ModuleNotFoundError: No module named 'jinja2'; {complete}"
     )
     assert list(tmp_path.iterdir()) == []
     # Without a complete run behind it (the report command): the trace, as for any bug.
-    with pytest.raises(ModuleNotFoundError), cli._one_line_failures("writing the report"):
-        cli._render(SimpleNamespace(), str(tmp_path), tmp_path / "report")
+    with pytest.raises(ModuleNotFoundError), failures._one_line_failures("writing the report"):
+        report_cli._render(SimpleNamespace(), str(tmp_path), tmp_path / "report")
 
 
 @pytest.mark.parametrize("umask", [0o022, 0o077])
@@ -1948,6 +2031,7 @@ def test_the_report_id_is_as_readable_as_the_report(
     0644 report: a served or shared report folder had one unreadable file. A review: then it
     was 0644 whatever the umask, beside a 0600 report. It has the report's mode."""
     from streamassign import cli
+    from streamassign.cli import report as report_cli
     from streamassign.pipeline import progress, report
     from streamassign.pipeline import spark as sp
 
@@ -1961,7 +2045,7 @@ def test_the_report_id_is_as_readable_as_the_report(
     out = tmp_path / "report"
     previous = os.umask(umask)
     try:
-        cli._render(SimpleNamespace(), str(tmp_path), out)
+        report_cli._render(SimpleNamespace(), str(tmp_path), out)
     finally:
         os.umask(previous)
     modes = {(out / name).stat().st_mode & 0o777 for name in ("report.html", cli.REPORT_ID)}

@@ -4,7 +4,9 @@ diagnoses of incomplete or empty runs (no Spark needed)."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -795,42 +797,105 @@ def test_code_read_from_a_zip_has_its_folders_fingerprint_and_none_without_sourc
 
 
 def test_an_executor_running_other_code_than_the_driver_fails_in_one_line() -> None:
-    """Spark's local workers import the working directory's streamassign first: a task of a
-    worker whose code is not the driver's writes no row, and says where each one's code is."""
+    """A task of a worker whose code is not the driver's writes no row, and its line names
+    where each one's code is (the driver adds the cause: see the next test)."""
     from streamassign.errors import ExecutorCodeError
-    from streamassign.pipeline.runs import Code, check_executor_code, this_code
+    from streamassign.pipeline.runs import OTHER_CODE_LINE, Code, check_executor_code, this_code
 
     check_executor_code(this_code())  # the same code: nothing to say
     check_executor_code(Code("/driver/streamassign", None))  # nothing the manifest could name
-    driver = Code("/elsewhere/streamassign", "f" * 64)
-    with pytest.raises(ExecutorCodeError) as failed:
-        check_executor_code(driver)
     ours = this_code()
+    with pytest.raises(ExecutorCodeError) as failed:
+        check_executor_code(Code("/elsewhere/streamassign", "f" * 64))
     assert str(failed.value) == (
         f"Spark's Python workers import other streamassign code ({ours.where}, "
         f"{(ours.fingerprint or '')[:12]}…) than this command (/elsewhere/streamassign, "
-        "ffffffffffff…): a streamassign package in the working directory comes first on the "
-        "workers' path; run from a folder without one (or ship the same code to a cluster's "
-        "executors)"
+        "ffffffffffff…)"
     )
-    assert "\n" not in str(failed.value)
+    said = OTHER_CODE_LINE.match(str(failed.value))
+    assert said is not None and said["where"] == ours.where
+
+
+def test_the_driver_names_one_cause_of_a_worker_running_other_code(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The cause was worked out by the worker, which runs other code (often older, that blamed
+    the working directory whatever the cause): the driver names it from the worker's package
+    folder, its own folder and working directory, PYSPARK_PYTHON and whether it ships code."""
+    from streamassign.pipeline.runs import Code, why_other_code
+
+    driver = Code(str(tmp_path / "driver" / "streamassign"), "f" * 64)
+    changed = "its files changed since the command started (an edit, a checkout); run it again"
+    assert why_other_code(driver.where, driver, shipped=False, local_master=True) == changed
+    shipped_zip = "/tmp/spark-1/userFiles-2/streamassign-pipeline-code-0a1b2c3d.zip/streamassign"
+    assert why_other_code(shipped_zip, driver, shipped=True, local_master=True) == changed
+    monkeypatch.chdir(tmp_path)
+    assert why_other_code(
+        str(tmp_path / "streamassign"), driver, shipped=False, local_master=True
+    ) == (
+        f"a streamassign package in the working directory ({os.path.realpath(tmp_path)}) "
+        "comes first on the workers' path; run from a folder without one"
+    )
+    installed = "/usr/lib/python3/dist-packages/streamassign"
+    monkeypatch.setenv("PYSPARK_PYTHON", "/usr/bin/python3")
+    assert why_other_code(installed, driver, shipped=False, local_master=True) == (
+        "PYSPARK_PYTHON (/usr/bin/python3) has a streamassign of its own; install this one there"
+    )
+    monkeypatch.setenv("PYSPARK_PYTHON", sys.executable)  # what local mode sets by default
+    assert why_other_code(installed, driver, shipped=False, local_master=True) == (
+        "the executors' Python has a streamassign of its own; pass --ship-code"
+    )
+    assert why_other_code(installed, driver, shipped=True, local_master=True) == (
+        "the executors' Python imports its own streamassign first; install this one there"
+    )
+    # A cluster's executors may hold another install at the driver's very path: not "changed".
+    assert why_other_code(driver.where, driver, shipped=False, local_master=False) == (
+        "the executors' Python has a streamassign of its own; pass --ship-code"
+    )
+    # A worker that could not tell its folder names the bare package: no cause from its path,
+    # also where the command runs beside its own package, or from a deleted folder.
+    os.makedirs(os.path.dirname(driver.where), exist_ok=True)
+    monkeypatch.chdir(os.path.dirname(driver.where))
+    bare = "the executors' Python has a streamassign of its own; pass --ship-code"
+    assert why_other_code("streamassign", driver, shipped=False, local_master=True) == bare
+    (tmp_path / "gone").mkdir()
+    monkeypatch.chdir(tmp_path / "gone")
+    (tmp_path / "gone").rmdir()  # the command's folder deleted while it ran: still one line
+    assert why_other_code(installed, driver, shipped=True, local_master=True) == (
+        "the executors' Python imports its own streamassign first; install this one there"
+    )
+    assert why_other_code("streamassign", driver, shipped=False, local_master=True) == bare
+
+
+def test_a_local_master_is_one_whose_workers_run_on_this_machine() -> None:
+    from streamassign.pipeline.runs import is_local_master
+
+    for master in ("local", "local[4]", "local[*]", "local-cluster[2,1,1024]"):
+        assert is_local_master(master), master
+    for master in ("yarn", "k8s://https://k:443", "spark://localhost:7077", ""):
+        assert not is_local_master(master), master
 
 
 def test_checksum_damage_finds_changed_bytes_and_deleted_or_added_files(tmp_path: Path) -> None:
     """What run_damage cannot see (one file of an assignor's several gone, a flipped byte)
     shows against the checksum files Spark's local writer leaves beside each Parquet file."""
-    from streamassign.pipeline.runs import checksum_damage
+    from streamassign.pipeline.runs import checksum_damage, rows_unchecked
 
     folder = tmp_path / "rebalances" / "assignor=task%3Asticky"
     folder.mkdir(parents=True)
-    assert checksum_damage(str(tmp_path)) == (
-        "no checksum file (.*.parquet.crc) under rebalances/ to check its rows by"
+    assert checksum_damage(str(tmp_path)) is None  # nothing to check by: not damage
+    assert rows_unchecked(str(tmp_path), {}) == (
+        "its manifest lists no files (a run written to a remote folder, or by older code) and no "
+        "checksum file "
+        "(.*.parquet.crc) is under rebalances/ (copied without its dot files, or written "
+        "through a file system that writes none)"
     )
     for name, size in (("part-0.parquet", 1500), ("part-1.parquet", 700)):
         data = bytes(range(256)) * (size // 256) + b"x" * (size % 256)
         (folder / name).write_bytes(data)
         (folder / f".{name}.crc").write_bytes(hadoop_checksums(data))
     assert checksum_damage(str(tmp_path)) is None
+    assert rows_unchecked(str(tmp_path), {}) is None
     first = folder / "part-0.parquet"
     flipped = bytearray(first.read_bytes())
     flipped[1000] ^= 1
@@ -847,4 +912,48 @@ def test_checksum_damage_finds_changed_bytes_and_deleted_or_added_files(tmp_path
     assert checksum_damage(str(tmp_path)) == (
         "rebalances/assignor=task%3Asticky/part-9.parquet has no checksum file (added from "
         "elsewhere?)"
+    )
+
+
+def test_rows_damage_checks_the_files_and_sizes_the_manifest_lists(tmp_path: Path) -> None:
+    """A Parquet file deleted together with its checksum file left nothing to check it by; a
+    run without checksum files (``hdfs dfs -get``, a file system writing none) was called
+    damaged. The manifest lists the files the run wrote with their sizes: checked first, then
+    the checksum files there are."""
+    from streamassign.pipeline.runs import (
+        ROW_FILES,
+        LocalFiles,
+        row_files,
+        rows_damage,
+        rows_unchecked,
+    )
+
+    folder = tmp_path / "rebalances" / "assignor=task%3Asticky"
+    folder.mkdir(parents=True)
+    for name in ("part-0.parquet", "part-1.parquet"):
+        (folder / name).write_bytes(b"PAR1")
+        (folder / f".{name}.crc").write_bytes(hadoop_checksums(b"PAR1"))
+    (tmp_path / "rebalances" / "_SUCCESS").write_bytes(b"")
+    listed = row_files(LocalFiles(), str(tmp_path))
+    assert listed == {
+        "assignor=task%3Asticky/part-0.parquet": 4,
+        "assignor=task%3Asticky/part-1.parquet": 4,
+    }
+    manifest = {ROW_FILES: listed}
+    assert rows_damage(str(tmp_path), manifest) is None
+    for sidecar in folder.glob(".*.crc"):  # copied without its dot files: sizes still tell
+        sidecar.unlink()
+    assert rows_damage(str(tmp_path), manifest) is None
+    assert rows_unchecked(str(tmp_path), manifest) is None
+    where = "rebalances/assignor=task%3Asticky/part-1.parquet"
+    (folder / "part-1.parquet").unlink()
+    assert rows_damage(str(tmp_path), manifest) == f"{where} is missing (the manifest lists it)"
+    (folder / "part-1.parquet").write_bytes(b"PAR1PAR1")
+    assert rows_damage(str(tmp_path), manifest) == (
+        f"{where} changed size since it was written (4 bytes then, 8 now)"
+    )
+    (folder / "part-1.parquet").write_bytes(b"PAR1")
+    (folder / "part-2.parquet").write_bytes(b"PAR1")
+    assert rows_damage(str(tmp_path), manifest) == (
+        f"{where.replace('part-1', 'part-2')} is not a file the run wrote (added from elsewhere?)"
     )

@@ -25,7 +25,7 @@ def test_after_a_signal_py4j_logs_no_trace_until_the_command_ends(
     import os
     import signal
 
-    from streamassign.cli import _one_line_failures
+    from streamassign.cli.failures import _one_line_failures
 
     # What py4j's java_gateway.py does when its JVM is gone, from a file of its own.
     py4j_code = compile(

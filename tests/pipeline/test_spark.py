@@ -80,6 +80,10 @@ def test_parquet_rows_equal_the_pure_core_on_the_same_seeds(spark: Any, run: Run
     ]
     manifest = json.loads((run.path / "manifest" / "part-00000.json").read_text())
     assert manifest["run_id"] == "r1" and manifest["rows"] == len(run.rows)
+    written = sorted((run.path / "rebalances").glob("*/*.parquet"))  # listed for a rerun's check
+    assert manifest["row_files"] == {
+        f"{path.parent.name}/{path.name}": path.stat().st_size for path in written
+    }
     timing = [c[0] for c in COLUMNS].index("assign_ms")
 
     def strip(values: tuple[Any, ...]) -> tuple[Any, ...]:
@@ -243,6 +247,43 @@ def test_rows_of_other_code_than_the_drivers_fail_the_run_in_one_line(
         sp.run_plan(spark, plan)
 
 
+def test_the_driver_words_the_cause_of_a_line_older_worker_code_wrote(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Workers running other code are often older code, whose line blamed the working
+    directory whatever the cause: the driver keeps the part naming both packages and names
+    the cause itself (here a PYSPARK_PYTHON with its own install), in one line."""
+    from streamassign.pipeline import spark as sp
+    from streamassign.pipeline.runs import Code
+
+    monkeypatch.setattr(sp, "this_code", lambda: Code("/clone/streamassign", "9" * 64))
+    monkeypatch.setenv("PYSPARK_PYTHON", "/usr/bin/python3")
+    monkeypatch.chdir(tmp_path)
+    head = (
+        "Spark's Python workers import other streamassign code (/opt/py/streamassign, "
+        "7ef542c44998…) than this command (/clone/streamassign, 999999999999…)"
+    )
+    old_line = (
+        f"{head}: a streamassign package in the working directory comes first on the workers' "
+        "path; run from a folder without one (or ship the same code to a cluster's executors)"
+    )
+    trace = f"Job aborted.\n  File x\nstreamassign.errors.ExecutorCodeError: {old_line}"
+    said = sp._executor_code_error(Exception(trace), shipped=False, local_master=True)
+    assert said is not None and str(said) == (
+        f"{head}: PYSPARK_PYTHON (/usr/bin/python3) has a streamassign of its own; install "
+        "this one there"
+    )
+    unreadable = Exception("ExecutorCodeError: some other wording")  # kept as the worker said
+    assert (
+        str(sp._executor_code_error(unreadable, shipped=False, local_master=True))
+        == "some other wording"
+    )
+    assert (
+        sp._executor_code_error(Exception("another failure"), shipped=False, local_master=True)
+        is None
+    )
+
+
 def test_progress_shows_tasks_and_ctrl_c_cancels_the_jobs(spark: Any) -> None:
     import io
     import os
@@ -295,6 +336,7 @@ def test_hadoop_files_publish_and_check_runs_like_local_ones(spark: Any, tmp_pat
         check_run,
         describe_existing,
         publish,
+        row_files,
         write_manifest,
     )
 
@@ -312,6 +354,9 @@ def test_hadoop_files_publish_and_check_runs_like_local_ones(spark: Any, tmp_pat
         assert check_run(files, final)["run_id"] == run_id
     assert describe_existing(files, final) == f"{final} already holds a complete run (new)"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]
+    # What the manifest lists of a run written there (runs.ROW_FILES): a path under the URI.
+    assert row_files(files, final) == {"assignor=x/part-0.parquet": 4}
+    assert row_files(files, f"{tmp_path.as_uri()}/nowhere") == {}
     manifest = tmp_path / "run" / "manifest"
     assert [p.name for p in manifest.iterdir() if not p.name.endswith(".crc")] == [
         "part-00000.json"

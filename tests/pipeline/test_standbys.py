@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from streamassign.cli import _plan_table
+from streamassign.cli.plan_standbys import _plan_table
 from streamassign.pipeline import SimulationJob, Workload
 from streamassign.pipeline.simulate import RESTORE_RATE
 from streamassign.pipeline.standbys import (

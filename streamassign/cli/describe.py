@@ -1,0 +1,247 @@
+"""``streamassign describe``: who runs what in a live group, once or with ``--watch``.
+
+The Kafka-facing part is streamassign.aiokafka.describe (imported inside the command: aiokafka
+is an extra); this module only parses options and renders."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import click
+
+from .. import TaskId
+from ..compare import (
+    match_views,
+)
+from ..explain import (
+    ClientView,
+    Explanation,
+    explain,
+)
+from ..streams import (
+    ACCEPTABLE_RECOVERY_LAG,
+    FAUST_PROTOCOL_NAME,
+    handed_back,
+)
+from .connection import _check_security, _connection
+from .console import _ReaderGone, _say, _Stdout
+from .describe_tables import _print_group, _state_note, _view_labels
+from .extras import _require
+from .group import main
+from .options import _EXISTING_FILE, _acceptable_lag_option, _json_option, _shown
+from .views import _moves_json, _print_moves, _too_few_for_standbys
+
+#: How often ``describe --watch`` asks whether stdout's reader is gone (one ``poll`` call).
+_READER_CHECK_S = 0.25
+
+
+async def _watch(
+    connection: Any,
+    group: str,
+    interval: float,
+    standbys: int | None,
+    as_json: bool,
+    acceptable_lag: int = ACCEPTABLE_RECOVERY_LAG,
+) -> None:
+    """Print each new view until interrupted or until stdout's reader is gone (``| grep -q
+    Stable``, ``| head``): a one-shot command goes on as if read (``_ReaderGone``), but an
+    endless poll that nobody reads would run headless for ever."""
+    import asyncio
+
+    stdout = sys.stdout
+    printing = asyncio.ensure_future(
+        _print_views(connection, group, interval, standbys, as_json, acceptable_lag)
+    )
+    try:
+        while not printing.done():
+            if isinstance(stdout, _ReaderGone) and stdout.reader_gone():
+                return
+            await asyncio.wait([printing], timeout=_READER_CHECK_S)
+        printing.result()  # its error, if it ended with one
+    finally:
+        printing.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await printing
+
+
+async def _print_views(
+    connection: Any,
+    group: str,
+    interval: float,
+    standbys: int | None,
+    as_json: bool,
+    acceptable_lag: int = ACCEPTABLE_RECOVERY_LAG,
+) -> None:
+    from ..aiokafka.describe import follow, quality, to_json
+
+    console = _Stdout()
+    last = None  # the last readable view
+    last_warning: str | None = None
+    async for view in follow(connection, group, interval):
+        if not view.readable:
+            if as_json:
+                click.echo(json.dumps({"group": group, "state": view.state}))
+            else:
+                console.print(f"{_now()} {group}: {_state_note(view.state)}", markup=False)
+            continue
+        score = quality(view, standbys)
+        warning = _standby_cap_warning(score)
+        if warning != last_warning and warning is not None:
+            click.echo(warning, err=True)  # once, not at every change of the group
+        last_warning = warning
+        matched = match_views(last, view)
+        _say(matched.note)  # each renumbering (views between that renumber nothing have none)
+        moves = _moves_since(matched.before, view, acceptable_lag)
+        # One naming for both views' processes: a moves row names the ones that left too.
+        labels = _view_labels(view, matched.before or ())
+        last, names = view, matched.names
+        if as_json:
+            data = to_json(view, score) | ({} if moves is None else _moves_json(moves, names))
+            click.echo(json.dumps(data))
+            continue
+        console.rule(f"{group} at {_now()}")
+        _print_group(console, view, score, labels)
+        if moves is not None:
+            faust = view.protocol == FAUST_PROTOCOL_NAME
+            _print_moves(console, moves, labels=labels, uncertain_hand_backs=not faust, names=names)
+
+
+def _moves_since(
+    before: Mapping[str, ClientView] | None, view: Any, acceptable_lag: int
+) -> Explanation | None:
+    """What moved from ``before`` (the last view's processes as ``view``, a ``GroupView``,
+    names them: ``compare.match_views``; None: ``view`` is the first) to ``view``."""
+    if before is None:
+        return None
+    returned = _returned(view, acceptable_lag)
+    return explain(before, view.processes(), view.local_state(), returned=returned)
+
+
+def _returned(view: Any, acceptable_lag: int) -> dict[TaskId, str]:
+    """``explain``'s ``returned`` for a described group (a ``GroupView``): the tasks its leader
+    handed back to a restarted process at the last rebalance, by the leader's own rule."""
+    reports = [(pid, m.offset_sums) for pid, ms in view.members_by_process().items() for m in ms]
+    return handed_back(reports, view.previous_active(), view.protocol, acceptable_lag)
+
+
+def _now() -> str:
+    import datetime
+
+    return datetime.datetime.now(datetime.UTC).strftime("%H:%M:%S UTC")
+
+
+@main.command()
+@click.argument("group")
+@click.option("--bootstrap", "-b", required=True, metavar="HOST:PORT[,...]", help="Kafka brokers.")
+@click.option(
+    "--security-protocol",
+    type=click.Choice(["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]),
+    default="PLAINTEXT",
+    show_default=True,
+)
+@click.option(
+    "--sasl-mechanism",
+    type=click.Choice(["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"]),
+    default="PLAIN",
+    show_default=True,
+)
+@click.option(
+    "--sasl-username", envvar="STREAMASSIGN_SASL_USERNAME", help="Or $STREAMASSIGN_SASL_USERNAME."
+)
+@click.option(
+    "--sasl-password", envvar="STREAMASSIGN_SASL_PASSWORD", help="Or $STREAMASSIGN_SASL_PASSWORD."
+)
+@click.option("--ssl-cafile", type=_EXISTING_FILE, help="CA certificates (PEM).")
+@click.option("--ssl-certfile", type=_EXISTING_FILE, help="Client certificate (PEM).")
+@click.option("--ssl-keyfile", type=_EXISTING_FILE, help="Client private key (PEM).")
+@click.option(
+    "--standbys",
+    type=click.IntRange(min=0),
+    default=None,
+    help="num_standby_replicas to score against (default: the most any task has).",
+)
+@_shown("--timeout", kind=click.FloatRange(min=0.1), default=10.0, help="Seconds per broker call.")
+@click.option(
+    "--watch", is_flag=True, help="Follow rebalances: print each new assignment and what moved."
+)
+@_shown(
+    "--interval",
+    kind=click.FloatRange(min=0.1),
+    default=1.0,
+    help="Seconds between polls (--watch).",
+)
+@_acceptable_lag_option(
+    "--watch: acceptable_recovery_lag of the group's leader (ProcessHost's; the Faust "
+    "assignor's is the default), to tell a hand-back to a restarted process from a move."
+)
+@_json_option("tables (with --watch: one JSON object per line)")
+def describe(
+    group: str,
+    bootstrap: str,
+    standbys: int | None,
+    timeout: float,
+    watch: bool,
+    interval: float,
+    acceptable_lag: int,
+    as_json: bool,
+    **security: Any,
+) -> None:
+    """Who runs what in live GROUP: processes, members, tasks, offset sums and quality.
+
+    Decodes the streams protocol (ProcessHost, the Faust assignor), Faust's own assignor and
+    the consumer assignors. The tables name processes and members by unique prefixes (a
+    member by its tail), as git names commits; --json has the full ids, and its "assignment"
+    table is a saved assignment for `streamassign explain` / `diff`.
+    """
+    import asyncio
+
+    _require("aiokafka", "streamassign describe", "aiokafka")
+    from ..aiokafka.describe import fetch_group, quality, to_json
+    from ..errors import GroupDescribeError
+
+    # aiokafka logs connection failures through logging's last-resort handler; the one-line
+    # error below says it all.
+    aiokafka_log = logging.getLogger("aiokafka")
+    if not aiokafka_log.handlers:
+        aiokafka_log.addHandler(logging.NullHandler())
+    options = {k: v if not isinstance(v, Path) else str(v) for k, v in security.items()}
+    _check_security(options)
+    connection = _connection(bootstrap, timeout, options)
+    try:
+        if watch:
+            asyncio.run(_watch(connection, group, interval, standbys, as_json, acceptable_lag))
+            return
+        view = asyncio.run(fetch_group(connection, group))
+    except GroupDescribeError as exc:
+        raise click.ClickException(str(exc)) from exc
+    except KeyboardInterrupt:
+        return
+    score = quality(view, standbys)
+    warning = _standby_cap_warning(score)
+    if warning is not None:
+        click.echo(warning, err=True)
+    if as_json:
+        click.echo(json.dumps(to_json(view, score), indent=2))
+    else:
+        _print_group(_Stdout(), view, score)
+
+
+def _standby_cap_warning(score: Any) -> str | None:
+    """``plan``'s warning line (``_too_few_for_standbys``) for a described group (a
+    ``GroupQuality``) too small for its ``--standbys``; None when it fits, or when the count
+    was inferred (no --standbys to name)."""
+    if score.standbys_inferred:
+        return None
+    too_few = _too_few_for_standbys(
+        score.num_standby_replicas,
+        score.metrics.clients,
+        len(score.stateful),
+        ("process", "processes"),
+    )
+    return None if too_few is None else f"warning: {too_few}"

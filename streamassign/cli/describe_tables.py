@@ -1,0 +1,278 @@
+"""``describe``'s tables of a live group: processes, members, tasks, offset sums and the
+assignment's quality."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from rich.console import Console
+from rich.measure import Measurement
+from rich.segment import Segment
+from rich.table import Table
+from rich.text import Text
+
+from .. import TaskId
+from ..streams import (
+    merge_offset_sums,
+)
+from ..text import counted, partitions_by_topic
+from .labels import _member_labels, _process_labels
+from .views import _tasks_cell
+
+
+def _client_at_host(member: Any) -> str:
+    return f"{member.client_id}@{_host(member)}"
+
+
+def _host(member: Any) -> str:
+    """A member's host as Kafka gives it, without the leading slash (``/127.0.0.1``)."""
+    return str(member.client_host.lstrip("/"))
+
+
+def _state_note(state: str) -> str:
+    if state in ("PreparingRebalance", "CompletingRebalance"):
+        return f"{state} (rebalancing: the assignment is not readable until it is Stable)"
+    if state == "Empty":
+        return "Empty (no members)"
+    return state
+
+
+def _view_labels(view: Any, others: Iterable[str] = ()) -> dict[str, str]:
+    """How ``view``'s tables name its processes (and ``others``, named in the same output),
+    each unique among them all (``_process_labels``)."""
+    return _process_labels([*view.processes(), *(m.process for m in view.members), *others])
+
+
+def _print_group(
+    console: Console, view: Any, score: Any, labels: Mapping[str, str] | None = None
+) -> None:
+    """``describe``'s tables of ``view``; ``labels`` name its processes (default:
+    ``_view_labels``)."""
+    members = len(view.members)
+    processes = view.processes()
+    member_labels = _member_labels(m.member_id for m in view.members)
+    if not view.readable:
+        console.print(f"{view.group}: {_state_note(view.state)}, {members} member(s)", markup=False)
+        for m in sorted(view.members, key=lambda m: m.member_id):
+            console.print(f"  {member_labels[m.member_id]}  {_client_at_host(m)}", markup=False)
+        return
+    # The group and protocol names are the members' choice: styled parts, never markup
+    # (``escape`` gets a trailing backslash wrong).
+    heading = (
+        f": {view.state}, protocol {view.protocol or '-'} ({view.family}), {members} member(s) "
+        f"in {len(processes)} process(es)"
+    )
+    leader_version = view.leader_version()
+    if leader_version is not None:  # protocol 3: members announce theirs, named in the table
+        heading += f", leader's topology version {leader_version}"
+    console.print(Text.assemble((view.group, "bold"), heading))
+    labels = dict(labels or _view_labels(view))
+    _print_processes(console, processes, view.endpoints(), labels)
+    _print_members(console, view.members, labels | member_labels)
+    _print_tasks(console, view.tasks, processes, labels)
+    _print_offset_sums(console, view.members_by_process(), labels)
+    # Consumer groups have no standbys: their standby row would only say 0 / 0.
+    _print_quality(console, score, has_standbys=str(view.family) != "consumer")
+
+
+def _print_processes(
+    console: Console,
+    processes: Mapping[str, Any],
+    endpoints: Mapping[str, str],
+    labels: Mapping[str, str],
+) -> None:
+    """Each process (by its label, and its endpoint where it has one), its capacity and
+    tasks."""
+    table = Table(title="Processes")
+    for col in ("process (endpoint)", "cap", "active", "standby", "warmup"):
+        table.add_column(col, overflow="fold")
+    for pid, client in processes.items():
+        a = client.assignment
+        table.add_row(
+            labels[pid] + (f"\n({endpoints[pid]})" if pid in endpoints else ""),
+            str(client.capacity),
+            _tasks_cell(a.active),
+            _tasks_cell(a.standby) if a.standby else "-",
+            _tasks_cell(a.warmup) if a.warmup else "-",
+        )
+    console.print(table)
+
+
+def _print_members(console: Console, members: Sequence[Any], labels: Mapping[str, str]) -> None:
+    """Each member (consumer): its client, process, task counts, versions, generation; below
+    the table, error codes and undecodable bytes, one line each (long text in a column
+    squeezed the others to one character per line). ``labels``: of member and process ids."""
+    ordered = sorted(members, key=lambda m: (m.process, m.member_id))
+    # A table wider than the console folds client@host at the column's edge, mid-address
+    # (127.0.0 / .1): then the host goes on a line of its own, whole, below its client id;
+    # where even that column cannot be as wide as the longest host beside the others (an
+    # IPv6 address is up to 40 characters with its @), the hosts go below the table, one
+    # member a line, and the column holds the client id alone.
+    unbounded = console.options.update_width(sys.maxsize)  # its natural width, not cut
+    for layout in ("one line", "host below", "hosts after"):
+        table = _members_table(ordered, labels, layout)
+        if layout == "hosts after":  # the last resort, whatever its width
+            break
+        if layout == "one line":
+            width = Measurement.get(console, unbounded, table).maximum
+        else:
+            width = _rendered_width(console, table)
+        if width <= console.width:
+            break
+    console.print(table)
+    for m in ordered if layout == "hosts after" else ():
+        # A space before the @: a line too long for the console breaks there, not mid-host.
+        console.print(f"member {labels[m.member_id]}: {m.client_id} @{_host(m)}", markup=False)
+    for m in ordered:
+        if m.undecodable is not None:
+            # Read all the same: the leader assigns such a member, as a process of its own.
+            kept = "; its assignment is read (a process of its own)" if m.assigned else ""
+            console.print(f"member {m.member_id}: undecodable: {m.undecodable}{kept}")
+        elif m.error not in ("", "NONE"):
+            console.print(
+                f"member {labels[m.member_id]} (process {labels[m.process]}): error {m.error}",
+                markup=False,
+            )
+
+
+def _rendered_width(console: Console, table: Table) -> int:
+    """The widest line of ``table`` rendered at the console's width. Not its measured minimum:
+    rich widens a column squeezed below its ``min_width`` back to it after the squeeze, so a
+    table whose minimum fits can still render wider than the console, which crops it."""
+    lines = Segment.split_lines(console.render(table, console.options))
+    return max((Segment.get_line_length(line) for line in lines), default=0)
+
+
+def _members_table(ordered: Sequence[Any], labels: Mapping[str, str], layout: str) -> Table:
+    """The Members table with client@host as ``layout`` says: on ``"one line"``, the host
+    ``"host below"`` the client id (the column as wide as the longest host or client id: both
+    whole), or the client id alone (``"hosts after"``: the caller prints the hosts below the
+    table, each with its client id whole)."""
+    longest = max((max(len(_host(m)) + 1, len(m.client_id)) for m in ordered), default=0)
+    table = Table(title="Members")
+    for col in ("member", "client@host", "process", "a+s+w", "versions", "gen"):
+        # The process folds too: a URL no shorter label names (a scheme apart) is long.
+        wraps = col in ("client@host", "process", "versions")
+        least = 12 if col in ("client@host", "versions") else None
+        if col == "client@host" and layout == "host below":
+            least = max(12, longest)
+        table.add_column(col, overflow="fold", no_wrap=not wraps, min_width=least)
+    for m in ordered:
+        client_at_host = {
+            "one line": _client_at_host(m),
+            "host below": f"{m.client_id}\n@{_host(m)}",
+            "hosts after": m.client_id,
+        }[layout]
+        table.add_row(
+            labels[m.member_id],
+            client_at_host,
+            labels[m.process] if m.assigned else "?",
+            f"{len(m.active)}+{len(m.standby)}+{len(m.warmup)}" if m.assigned else "undecodable",
+            (m.versions or "-")
+            + (f"\ntopology {m.topology_version}" if m.topology_version else ""),
+            "-" if m.generation is None else str(m.generation),
+        )
+    return table
+
+
+def _print_tasks(
+    console: Console,
+    view_tasks: Mapping[TaskId, Any],
+    processes: Mapping[str, Any],
+    labels: Mapping[str, str],
+) -> None:
+    """Each task's active and standby processes, and its partitions."""
+    owners: dict[TaskId, tuple[list[str], list[str]]] = {}
+    for pid, client in processes.items():
+        a, name = client.assignment, labels[pid]
+        for kind, tasks, label in (
+            (0, a.active, name),
+            (1, a.standby, name),
+            (1, a.warmup, f"{name} (warmup)"),
+        ):
+            for t in tasks:
+                owners.setdefault(t, ([], []))[kind].append(label)
+    table = Table(title=f"Tasks ({len(view_tasks)})")
+    for col in ("task", "active on", "standbys on", "partitions"):
+        table.add_column(col, overflow="fold")
+    for t, parts in view_tasks.items():
+        active, standby = owners.get(t, ([], []))
+        table.add_row(
+            str(t),
+            ", ".join(active) or "NONE",
+            ", ".join(standby) or "-",
+            partitions_by_topic(parts),
+        )
+    console.print(table)
+
+
+def _print_offset_sums(
+    console: Console, by_process: Mapping[str, Sequence[Any]], labels: Mapping[str, str]
+) -> None:
+    """The offset sums each process reported at the last join (when any did)."""
+    sums = {pid: merge_offset_sums(m.offset_sums for m in ms) for pid, ms in by_process.items()}
+    if any(sums.values()):
+        table = Table(title="Offset sums reported at the last join (running: active then)")
+        table.add_column("process", overflow="fold")
+        table.add_column("task=offset sum", overflow="fold")
+        for pid, by_task in sums.items():
+            text = ", ".join(
+                f"{t}={'running' if v == -2 else v}" for t, v in sorted(by_task.items())
+            )
+            table.add_row(labels[pid], text or "none reported")
+        console.print(table)
+
+
+def _print_quality(console: Console, score: Any, has_standbys: bool = True) -> None:
+    m = score.metrics
+    table = Table(title="Quality of the current assignment")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    table.add_row("tasks / processes", f"{m.tasks} / {m.clients}")
+    for b in score.per_subtopology:
+        # Withheld processes (another topology version) are left out: no task of it is theirs.
+        withheld = f"; {counted(b.withheld, 'process', 'processes')} withheld" if b.withheld else ""
+        table.add_row(
+            f"subtopology {b.subtopology}: actives per process (of {b.tasks}{withheld})",
+            f"{b.fewest}-{b.most} {'balanced' if b.balanced else 'UNBALANCED'}",
+        )
+    table.add_row("actives balanced in total", "yes" if m.active_balanced else "NO")
+    table.add_row("load imbalance (per thread, max - min)", f"{m.load_imbalance:.2f}")
+    inferred = ", inferred" if score.standbys_inferred else ""
+    # Required counts at most processes - 1 per task (``evaluate``): say so beside a larger R,
+    # or "2 per stateful task ... 4 / 4" reads as two copies each. Short: the row fits 80
+    # columns (describe piped, a narrow terminal); stderr's warning says why.
+    cap = max(0, m.clients - 1)
+    fit = f"{cap} fits" if cap == 1 else f"{cap} fit"
+    capped = f"; {fit}" if score.num_standby_replicas > cap else ""
+    if has_standbys or not score.standbys_inferred:
+        table.add_row(
+            f"standbys placed / required ({score.num_standby_replicas} per stateful task"
+            f"{inferred}{capped})",
+            f"{m.standbys_placed} / {m.standbys_required}",
+        )
+    if score.standbys_on_active_rack is not None:
+        table.add_row("standbys on their active's rack", str(score.standbys_on_active_rack))
+    console.print(table)
+    if score.standbys_inferred and has_standbys:
+        console.print(
+            "inferred: the most standbys any task has (a lost one can hide); --standbys R "
+            "checks against the app's num_standby_replicas",
+            markup=False,
+        )
+    if score.warmups:
+        console.print(
+            f"{counted(score.warmups, 'warmup')} in flight: the HA assignor keeps actives on "
+            "caught-up processes until the warmups catch up, so imbalance until the next "
+            "probing rebalance is expected.",
+            markup=False,
+        )
+    for problem in score.problems[:20]:
+        # Styled parts, not markup: a problem names topics and ids ([b], a trailing \\).
+        console.print(Text.assemble(("problem:", "red"), " ", problem))
+    if len(score.problems) > 20:
+        console.print(f"[red]... and {len(score.problems) - 20} more problems[/]", markup=True)
+    for note in score.notes:  # a doubt that affects no task: not red, not a problem
+        console.print(Text.assemble("note:", " ", note))

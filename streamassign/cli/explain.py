@@ -1,0 +1,172 @@
+"""``streamassign explain`` and ``diff``: compare saved assignments (or the last one with now)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+from rich.table import Table
+
+from ..assignment import ClientAssignment
+from ..compare import (
+    SnapshotsCompared,
+    compare_snapshots,
+    landing_state,
+)
+from ..explain import (
+    Snapshot,
+    claim_conflicts,
+    explain,
+    named_as_after,
+)
+from ..streams import (
+    FAUST_PROTOCOL_NAME,
+)
+from .console import _Stdout
+from .group import main
+from .labels import _process_labels
+from .options import _EXISTING_FILE, _acceptable_lag_option, _json_option
+from .snapshots import _read_saved
+from .views import _ids, _moves_json, _print_moves, _warn_conflicts
+
+_saved_arguments = [
+    click.argument("before", type=_EXISTING_FILE),
+    click.argument("after", type=_EXISTING_FILE),
+]
+
+
+@main.command(name="explain")
+@click.argument("files", nargs=-1, type=_EXISTING_FILE, metavar="BEFORE AFTER | --last NOW")
+@click.option(
+    "--last",
+    is_flag=True,
+    help="Explain the last rebalance from one describe --json snapshot NOW: its members' offset "
+    "sums give each process's actives before it (active moves only).",
+)
+@_acceptable_lag_option(
+    "acceptable_recovery_lag of the group's leader (ProcessHost's; the Faust assignor's is the "
+    "default): a restarted process further behind is not handed a task back."
+)
+@_json_option("tables")
+def explain_command(
+    files: tuple[Path, ...], last: bool, acceptable_lag: int, as_json: bool
+) -> None:
+    """Every task that moved from BEFORE to AFTER, and the rule that moved it.
+
+    Both are saved assignments ('plan --json' or 'describe --json' output). The offset sums
+    in AFTER (describe --json) tell a landing on local state from a cold one. The tables name
+    processes by unique prefixes, as describe's do; --json has the full ids.
+    """
+    if len(files) != (1 if last else 2):
+        raise click.UsageError(
+            "give one snapshot with --last" if last else "give BEFORE and AFTER, or --last NOW"
+        )
+    if last:
+        now = _read_last(files[0])
+        before = now.before_last_join()
+        # Two processes reporting one task running: a zombie beside its task's new owner.
+        _warn_conflicts(claim_conflicts(before), f"{files[0]} (before its last rebalance)")
+        moves = explain(
+            before,
+            now.views,
+            now.local_state(),
+            from_last_join=True,
+            returned=now.handed_back(acceptable_lag),
+        )
+        processes = [*before, *now.views]
+        names = None  # --last refuses consumer groups: no reports
+    else:
+        new = _read_saved(files[1])
+        compared = _compared_with(_read_saved(files[0]), new, files[0], files[1])
+        old = compared.before
+        # BEFORE's processes as AFTER names them: a clash of a shared process id that starts
+        # or ends between the two renames the original (P <-> P#endpoint), which moved nothing.
+        before_views = named_as_after(old.views, old.process_members, new.process_members)
+        # AFTER's previous_active date from its last join: a hand-back made at that rebalance.
+        moves = explain(
+            before_views,
+            new.views,
+            landing_state(old, new),
+            returned=new.handed_back(acceptable_lag),
+        )
+        processes = [*before_views, *new.views]
+        names = compared.names
+    if as_json:
+        data = _moves_json(moves, names)
+        click.echo(json.dumps({"moves": data["moves"]} if last else data, indent=2))
+    else:
+        # Labelled as describe labels them, unique among every process of the files.
+        _print_moves(
+            _Stdout(),
+            moves,
+            standbys=not last,
+            labels=_process_labels(processes),
+            uncertain_hand_backs=(now if last else new).protocol != FAUST_PROTOCOL_NAME,
+            names=names,
+        )
+
+
+def _read_last(path: Path) -> Snapshot:
+    """``explain --last``'s snapshot; refused unless its members report offset sums."""
+    now = _read_saved(path)
+    if not now.reports or now.family not in (None, "streams"):
+        family = f" (protocol family {now.family})" if now.family else ""
+        raise click.ClickException(
+            f"{path}: no member reports offset sums{family}: --last needs a describe "
+            "--json snapshot of a streams-protocol group (ProcessHost, the Faust drop-in "
+            "assignor)"
+        )
+    return now
+
+
+def _compared_with(old: Snapshot, new: Snapshot, before: Path, after: Path) -> SnapshotsCompared:
+    """BEFORE (``old``) as ``explain``/``diff`` compare it with AFTER (``new``)
+    (``compare.compare_snapshots``: a consumer group's tasks matched by partition), its note
+    of a renumbering and its warnings that the files may not be one group's said on stderr."""
+    compared = compare_snapshots(old, new, str(before), str(after))
+    for line in compared.lines:
+        click.echo(line, err=True)
+    return compared
+
+
+@main.command()
+@_saved_arguments[0]
+@_saved_arguments[1]
+@_json_option("a table")
+def diff(before: Path, after: Path, as_json: bool) -> None:
+    """Per client: tasks gained (+) and lost (-) from BEFORE to AFTER (saved assignments)."""
+    new_file = _read_saved(after, members=False)
+    old_file = _compared_with(_read_saved(before, members=False), new_file, before, after).before
+    old, new = old_file.views, new_file.views
+    rows = {}
+    for pid in sorted(old.keys() | new.keys()):
+        was = old[pid].assignment if pid in old else ClientAssignment()
+        now = new[pid].assignment if pid in new else ClientAssignment()
+        changes = {
+            f"{sign}{kind}": _ids(frozenset(getattr(a, kind)) - getattr(b, kind))
+            for kind in ("active", "standby", "warmup")
+            for sign, a, b in (("+", now, was), ("-", was, now))
+        }
+        if any(changes.values()) or (pid in old) != (pid in new):
+            status = "joined" if pid not in old else "left" if pid not in new else "changed"
+            rows[pid] = {"status": status, **changes}
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+        return
+    if not rows:
+        click.echo(f"{before.name} -> {after.name}: no client changed")
+        return
+    # Named as describe and explain name them (unique among every client of both, as there):
+    # rich cut the ids' heads at 80 columns.
+    labels = _process_labels(old.keys() | new.keys())
+    table = Table(title=f"{before.name} -> {after.name}: {len(rows)} client(s) changed")
+    for col in ("client", "status", "active", "standby", "warmup"):
+        table.add_column(col)
+    for pid, row in rows.items():
+        cells = [
+            " ".join([*(f"+{t}" for t in row[f"+{k}"]), *(f"-{t}" for t in row[f"-{k}"])]) or "="
+            for k in ("active", "standby", "warmup")
+        ]
+        table.add_row(labels[pid], str(row["status"]), *cells)
+    _Stdout().print(table)

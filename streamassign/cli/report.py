@@ -1,0 +1,137 @@
+"""``streamassign report``: aggregate a simulation run with Spark into an HTML report."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import stat
+from pathlib import Path
+from typing import Any, Final
+
+import click
+
+from ..errors import StreamAssignError
+from ..files import write_atomically
+from .extras import _require
+from .failures import _one_line_failures
+from .group import main
+from .jobs import _preflight, _session
+from .options import _REPORT_SPARK_TASKS, _master_option, _out_dir_option, _spark_tasks_option
+from .run_folders import (
+    _check_out_folder,
+    _is_remote,
+    _publish,
+    _refuse_dangling_link,
+    _resolved,
+    _run_dir,
+)
+
+
+def _report_command(run_dir: str) -> str:
+    """The command that writes the report of the run in ``run_dir``: with ``--out`` for a
+    remote run, and for a local one whose ``report/`` holds other files but no report.html
+    (``report`` does not replace such a folder)."""
+    from ..pipeline.runs import LocalFiles, replaceable
+
+    command = f"streamassign report {run_dir}"
+    if _is_remote(run_dir):
+        return f"{command} --out DIR"
+    if replaceable(LocalFiles(), str(Path(run_dir) / "report"), "report.html"):
+        return command
+    return f"{command} --out OTHER"
+
+
+def _render(session: Any, run_dir: str, out: Path | None, spark_tasks: int | None = None) -> Path:
+    """Aggregate on Spark and write the report into a hidden sibling of ``out`` (default
+    ``run_dir/report``), moved into place when complete: a failure keeps the old report.
+    ``spark_tasks``: partitions of the aggregation's shuffles (default: the session's)."""
+    from ..pipeline import spark as sp
+    from ..pipeline.progress import plain_step, run_tracked, stderr_console
+    from ..pipeline.report import render_report
+    from ..pipeline.runs import LocalFiles, new_run_id, staging_path
+
+    if out is None:
+        if _is_remote(run_dir):
+            raise click.ClickException(
+                f"{run_dir} is not a local directory: give --out for the report"
+            )
+        out = Path(run_dir) / "report"
+    out = out.resolve()
+    _check_report_out(out)
+    console = stderr_console()
+    if spark_tasks is not None:
+        session.conf.set("spark.sql.shuffle.partitions", str(spark_tasks))
+    try:
+        data = run_tracked(session, "aggregating", console, lambda: sp.aggregate(session, run_dir))
+    except StreamAssignError as exc:  # a damaged run: one line, the earlier report kept
+        raise click.ClickException(str(exc)) from exc
+    files, report_id = LocalFiles(), new_run_id()
+    staging = staging_path(str(out), report_id)
+    try:
+        with plain_step("rendering the report", console):
+            render_report(data, staging)
+    except BaseException:
+        with contextlib.suppress(Exception):  # what stopped the rendering is what to report
+            files.delete(staging)
+        raise
+    # Two renders of one run are byte-identical: publish tells the new report from the one it
+    # replaces by this id (were it report.html, a failed move would call the old one gone).
+    # Readable as the rest of the report is: report.html's mode, which follows the umask
+    # (write_atomically would make a private 0600 file, or a fixed mode whatever the umask).
+    html_mode = stat.S_IMODE(os.stat(f"{staging}/report.html").st_mode)
+    write_atomically(f"{staging}/{REPORT_ID}", f"{report_id}\n".encode(), mode=html_mode)
+    _publish(files, staging, str(out), report_id, "report", REPORT_ID)
+    return out / "report.html"
+
+
+#: The file in a report's folder holding the id of the render that wrote it.
+REPORT_ID: Final = "report-id.txt"
+
+
+def _check_report_out(out: Path) -> None:
+    """The report goes to a hidden sibling of ``out``, then replaces ``out``: refuse a folder
+    that is not an earlier report, or a parent the sibling cannot be written in."""
+    from ..pipeline.runs import LocalFiles, replaceable
+
+    _refuse_dangling_link(out, f"--out {out}")
+    given, out = out, _resolved(out, f"--out {out}")
+    if not replaceable(LocalFiles(), str(out), "report.html"):
+        raise click.ClickException(
+            f"{out} exists and holds no report.html: not replacing it; give an empty or new "
+            "folder as --out"
+        )
+    _check_out_folder(out.parent, given=given)
+
+
+@main.command()
+@click.argument("run_dir", metavar="DIR")
+@_out_dir_option("Where to write the report (default DIR/report).")
+@_master_option
+@_spark_tasks_option(_REPORT_SPARK_TASKS)
+def report(run_dir: str, out: Path | None, master: str | None, spark_tasks: int | None) -> None:
+    """Aggregate a simulation run in DIR with Spark; write an HTML report and CSV summaries."""
+    from ..pipeline.runs import LocalFiles, check_run, files_for
+
+    _require("pyspark", "streamassign report")
+    _require("plotly", "streamassign report")
+    _require("jinja2", "streamassign report")
+    run_dir = _run_dir(run_dir, "", option="")
+    if out is None and _is_remote(run_dir):
+        raise click.ClickException(f"{run_dir} is not a local directory: give --out")
+    if not _is_remote(run_dir):
+        try:
+            check_run(LocalFiles(), run_dir)
+        except StreamAssignError as exc:
+            raise click.ClickException(str(exc)) from exc
+    _check_report_out(out or Path(run_dir) / "report")
+    _preflight(master)
+
+    with _one_line_failures("writing the report"), _session(master) as session:
+        if _is_remote(run_dir):
+            try:
+                check_run(files_for(run_dir, session), run_dir)
+            except StreamAssignError as exc:
+                raise click.ClickException(str(exc)) from exc
+        page = _render(session, run_dir, out, spark_tasks)
+    click.echo(f"report: {page}")
+    click.echo(f"next: open {page.as_uri()} in a browser")

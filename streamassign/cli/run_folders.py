@@ -1,0 +1,147 @@
+"""The folders the pipeline commands write: local or remote run folders, ``--out`` checks
+(dangling links, files in the way), and publishing a staged run or report."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import click
+
+from ..errors import PublishError
+from .failures import _spark_failure
+
+
+def _is_remote(path: str) -> bool:
+    from ..pipeline.runs import is_remote
+
+    return is_remote(path)
+
+
+def _given_run_dir(out: str | None, name: str) -> str:
+    """The run directory as the user gave it, or the default ``streamassign-runs/NAME``."""
+    return out if out is not None else str(Path("streamassign-runs") / (name or "topology"))
+
+
+def _run_dir(out: str | None, name: str, option: str = "--out") -> str:
+    """The run directory: a Hadoop URI as given, a local path (or ``file:`` URI) absolute.
+    ``option``: how the user gave ``out``, for messages (``""``: an argument)."""
+    shown = f"{option} {out}" if out is not None and option else _given_run_dir(out, name)
+    out = _given_run_dir(out, name)
+    if _is_remote(out):
+        return out.rstrip("/")
+    return str(_resolved(_local_path(out), shown))
+
+
+def _resolved(path: Path, shown: str) -> Path:
+    """``path`` made absolute through its links, or one line (``shown`` first) naming the link
+    loop on the way: ``Path.resolve`` raises ``RuntimeError`` for one (Python 3.11, 3.12)."""
+    try:
+        return path.resolve()
+    except (RuntimeError, OSError) as exc:
+        raise click.ClickException(f"{shown}: {_link_problem(path) or exc}") from exc
+
+
+def _local_path(out: str) -> Path:
+    """A local ``--out`` as given (a ``file:`` URI's path), not yet resolved."""
+    return Path(out.removeprefix("file://").removeprefix("file:"))
+
+
+def _publish(
+    files: Any, staging: str, final: str, run_id: str, what: str, marker: str = ""
+) -> None:
+    """``runs.publish``, a failure as one line saying where the earlier run or report is (the
+    caller's "kept" would not be true when it was left aside), and a note as a note. A signal
+    comes out as ``KeyboardInterrupt(signum, where)``: publish knows best where each one is,
+    and :func:`_one_line_failures` says that instead of the caller's "kept"."""
+    from ..pipeline.runs import publish
+
+    try:
+        left = publish(files, staging, final, run_id, what, marker)
+    except PublishError as exc:
+        cause = _spark_failure(exc.__cause__) if exc.__cause__ is not None else str(exc)
+        raise click.ClickException(f"publishing the {what} failed: {cause}; {exc.where}") from exc
+    if left is not None:
+        click.echo(f"note: {left}", err=True)
+
+
+def _check_out_folder(
+    out: Path, names: Sequence[str] = (), given: Path | None = None, shown: str | None = None
+) -> None:
+    """Refuse, before Spark starts, an ``--out`` the results could not be written to: not a
+    folder, one of ``names`` there a folder, a dangling symbolic link on the way, or no
+    writable folder to create it in. The check
+    writes (and removes) a temporary file: permission bits say nothing for root or read-only
+    mounts. ``given``: the ``--out`` the user gave, when ``out`` is where it is written from
+    (its parent), so the message names what the user typed (``shown``: how to name it, if not
+    as ``--out``)."""
+    import tempfile
+
+    shown = shown or f"--out {given or out}"
+    _refuse_dangling_link(given or out, shown)
+    out = _resolved(out, shown)
+    if out.exists() and not out.is_dir():
+        raise click.ClickException(f"{shown}: {out} exists and is not a folder")
+    for name in names:
+        if (out / name).is_dir():
+            raise click.ClickException(
+                f"{shown}: {out / name} is a folder, where a file goes; remove it or give "
+                "another --out"
+            )
+    existing = out
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        raise click.ClickException(f"{shown}: {existing} is not a folder")
+    try:
+        with tempfile.TemporaryFile(dir=existing):
+            pass
+    except OSError as exc:
+        raise click.ClickException(
+            f"{shown}: cannot write in {existing}: {exc.strerror or exc}"
+        ) from exc
+
+
+def _refuse_dangling_link(path: Path, shown: str) -> None:
+    """Refuse a symbolic link on the way to ``path`` (itself or a folder above it) whose target
+    does not exist: following it would create the target (say, under the empty mount point of
+    a volume not mounted) or fail only after the Spark work; likewise a link loop, or a link
+    or folder that cannot be looked up. A link to an existing folder is followed like any
+    folder."""
+    problem = _link_problem(path)
+    if problem:
+        raise click.ClickException(f"{shown}: {problem}")
+
+
+def _link_problem(path: Path) -> str | None:
+    """What stops ``path`` from being followed, at the nearest part of it (itself or a folder
+    above it) that exists: a dangling symbolic link, a link loop, a lookup refused (``EACCES``:
+    ``Path.exists`` raises it); None when that part can be followed (or none exists)."""
+    import errno
+
+    for part in (path, *path.parents):
+        try:
+            os.lstat(part)
+        except OSError as exc:
+            if exc.errno in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):
+                continue  # created by the write, or a folder above it tells what is wrong
+            return f"cannot look up {part}: {exc.strerror or exc}"
+        try:
+            os.stat(part)
+        except OSError as exc:
+            target = os.readlink(part) if os.path.islink(part) else None
+            if exc.errno == errno.ENOENT and target is not None:
+                return (
+                    f"{part} is a symbolic link to {target}, which does not exist (deleted, or "
+                    "on a volume not mounted?); create it or give another --out"
+                )
+            if exc.errno == errno.ELOOP:
+                return (
+                    f"{part} is a symbolic link to {target} that leads back to itself (a loop "
+                    "of links); fix the links or give another path"
+                )
+            return f"cannot follow {part}: {exc.strerror or exc}"
+        return None
+    return None

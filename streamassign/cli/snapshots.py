@@ -1,0 +1,42 @@
+"""Saved assignments read by ``plan --before``, ``explain`` and ``diff``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from ..errors import StreamAssignError
+from ..explain import (
+    Snapshot,
+    claim_conflicts,
+    load_snapshot,
+)
+from .views import _warn_conflicts
+
+#: A saved assignment larger than this is refused before parsing: 100k tasks over 1,000 clients
+#: take about 2 MB, so this is far past any real group and still cheap to read.
+_MAX_SAVED_BYTES = 64 * 1024 * 1024
+
+
+def _read_snapshot(path: Path, *, members: bool = True) -> Snapshot:
+    """A saved assignment file, or one ``ClickException`` line saying what is wrong with it
+    (``members`` False: its members' rows are not read, see ``load_snapshot``)."""
+    try:
+        if path.stat().st_size > _MAX_SAVED_BYTES:
+            raise click.ClickException(f"{path}: larger than {_MAX_SAVED_BYTES} bytes")
+        return load_snapshot(json.loads(path.read_bytes()), str(path), members=members)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        reason = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
+        raise click.ClickException(f"{path}: cannot read a saved assignment: {reason}") from exc
+    except StreamAssignError as exc:
+        raise click.ClickException(str(exc)) from exc
+
+
+def _read_saved(path: Path, *, members: bool = True) -> Snapshot:
+    """:func:`_read_snapshot`, and a warning line per kind of claim in it that no assignment
+    can hold."""
+    snapshot = _read_snapshot(path, members=members)
+    _warn_conflicts(claim_conflicts(snapshot.views), str(path))
+    return snapshot
