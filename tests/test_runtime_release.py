@@ -264,6 +264,44 @@ def test_a_failed_release_step_does_not_skip_the_next_ones(
     assert "consumer 0: could not stop its heartbeat after its stop was cut" in caplog.text
 
 
+def test_a_client_stop_raising_cancelled_error_is_a_cut_stop_not_a_cancel(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """aiokafka's fetcher re-raises its fetch tasks' cancellation from its close when the
+    broker is away: the runtime's stop ended there (CancelledError out of ``App.stop``,
+    the shared producer never stopped nor released). Now that stop is a cut one: False, so
+    its caller releases the client and goes on with the next steps."""
+
+    class FetcherCancelled:
+        async def stop(self) -> None:
+            raise asyncio.CancelledError
+
+    async def stop() -> bool:
+        return await closing.stop_within("consumer 0", FetcherCancelled(), "left", LOG)
+
+    with caplog.at_level(logging.WARNING, "t"):
+        assert asyncio.run(stop()) is False
+    assert "consumer 0 did not stop cleanly (its stop raised CancelledError): left" in caplog.text
+
+
+def test_a_cancelled_stop_within_is_still_cancelled() -> None:
+    class Slow:
+        async def stop(self) -> None:
+            await asyncio.sleep(60)
+
+    async def cancel_the_stop() -> None:
+        stopping = asyncio.ensure_future(closing.stop_within("c", Slow(), "left", LOG))
+        await asyncio.sleep(0.01)
+        stopping.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await stopping
+
+    asyncio.run(asyncio.wait_for(cancel_the_stop(), 5.0))
+
+
+LOG = logging.getLogger("t")
+
+
 def test_the_aiokafka_parts_the_releases_reach_exist() -> None:
     """The releases reach aiokafka's private attributes; an upgrade that renames one must
     fail here rather than leave a cut client running with only a warning."""

@@ -42,8 +42,9 @@ Release = Callable[[str, Any, logging.Logger], Awaitable[None]]
 async def stop_within(name: str, client: Stoppable, abandoned: str, log: logging.Logger) -> bool:
     """Stop ``client`` within ``CLOSE_TIMEOUT``; else cancel its stop and log one warning:
     ``<name> did not stop within <s> s (broker unreachable?): <abandoned>``. Another error
-    is logged too (stopping anyway: nothing else to do with it). Returns whether the stop
-    ended in time."""
+    is logged too (stopping anyway: nothing else to do with it). A ``CancelledError`` the
+    client's stop raises while this stop is not cancelled is a cut stop too. Returns False
+    for a cut stop: its caller then releases what the stop left running."""
     try:
         async with asyncio.timeout(CLOSE_TIMEOUT):
             await client.stop()
@@ -54,6 +55,15 @@ async def stop_within(name: str, client: Stoppable, abandoned: str, log: logging
             CLOSE_TIMEOUT,
             abandoned,
         )
+        return False
+    except asyncio.CancelledError:
+        stopping = asyncio.current_task()
+        if stopping is not None and stopping.cancelling():
+            raise  # this stop itself is cancelled
+        # aiokafka's fetcher re-raises its fetch tasks' cancellation from its close (the
+        # broker away): not a cancel of this stop, which would end it and skip what follows
+        # it (releasing the client and the stop's next steps).
+        log.warning("%s did not stop cleanly (its stop raised CancelledError): %s", name, abandoned)
         return False
     except Exception as exc:
         log.warning("%s did not stop cleanly (%r)", name, exc)
