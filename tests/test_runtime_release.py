@@ -284,6 +284,28 @@ def test_a_client_stop_raising_cancelled_error_is_a_cut_stop_not_a_cancel(
     assert "consumer 0 did not stop cleanly (its stop raised CancelledError): left" in caplog.text
 
 
+def test_a_release_step_raising_cancelled_error_does_not_skip_the_next_ones(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    closed: list[str] = []
+
+    class FetcherCancelled:
+        async def close(self) -> None:
+            raise asyncio.CancelledError  # aiokafka's fetcher close, the broker away
+
+    class Consumer:
+        _coordinator = object()
+        _fetcher = FetcherCancelled()
+        _client = Closes(closed, "client")
+
+    with caplog.at_level(logging.WARNING, "t"):
+        asyncio.run(closing.release_consumer("consumer 0", Consumer(), LOG))
+    assert closed == ["client"]
+    assert "consumer 0: could not close its fetcher after its stop was cut (Cancelled" in (
+        caplog.text
+    )
+
+
 def test_a_cancelled_stop_within_is_still_cancelled() -> None:
     class Slow:
         async def stop(self) -> None:

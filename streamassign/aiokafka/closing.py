@@ -57,12 +57,8 @@ async def stop_within(name: str, client: Stoppable, abandoned: str, log: logging
         )
         return False
     except asyncio.CancelledError:
-        stopping = asyncio.current_task()
-        if stopping is not None and stopping.cancelling():
-            raise  # this stop itself is cancelled
-        # aiokafka's fetcher re-raises its fetch tasks' cancellation from its close (the
-        # broker away): not a cancel of this stop, which would end it and skip what follows
-        # it (releasing the client and the stop's next steps).
+        if _cancelled_itself():
+            raise
         log.warning("%s did not stop cleanly (its stop raised CancelledError): %s", name, abandoned)
         return False
     except Exception as exc:
@@ -233,5 +229,18 @@ async def _release(
                 result = step()
                 if inspect.isawaitable(result):
                     await result
+        except asyncio.CancelledError:
+            if _cancelled_itself():
+                raise
+            log.warning("%s: could not %s after its stop was cut (CancelledError)", name, what)
         except Exception as exc:
             log.warning("%s: could not %s after its stop was cut (%r)", name, what, exc)
+
+
+def _cancelled_itself() -> bool:
+    """Whether the running task is being cancelled, rather than a ``CancelledError`` coming
+    out of what it awaited: aiokafka's fetcher re-raises its fetch tasks' cancellation from
+    its close (the broker away), which must not end a stop and skip what follows it
+    (releasing the client, the stop's next steps)."""
+    running = asyncio.current_task()
+    return running is not None and running.cancelling() > 0
