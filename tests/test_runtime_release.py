@@ -32,6 +32,8 @@ from streamassign.errors import WritesAbandonedError
 from streamassign.runtime import App
 from streamassign.runtime import transactions as runtime_transactions
 
+LOG = logging.getLogger("t")
+
 TOPIC = "out"
 
 
@@ -307,21 +309,21 @@ def test_a_release_step_raising_cancelled_error_does_not_skip_the_next_ones(
 
 
 def test_a_cancelled_stop_within_is_still_cancelled() -> None:
-    class Slow:
-        async def stop(self) -> None:
-            await asyncio.sleep(60)
-
     async def cancel_the_stop() -> None:
+        began = asyncio.Event()
+
+        class Slow:
+            async def stop(self) -> None:
+                began.set()
+                await asyncio.sleep(60)
+
         stopping = asyncio.ensure_future(closing.stop_within("c", Slow(), "left", LOG))
-        await asyncio.sleep(0.01)
+        await began.wait()  # cancelled inside the client's stop, not before it
         stopping.cancel()
         with pytest.raises(asyncio.CancelledError):
             await stopping
 
     asyncio.run(asyncio.wait_for(cancel_the_stop(), 5.0))
-
-
-LOG = logging.getLogger("t")
 
 
 def test_the_aiokafka_parts_the_releases_reach_exist() -> None:
