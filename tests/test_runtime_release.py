@@ -32,6 +32,8 @@ from streamassign.errors import WritesAbandonedError
 from streamassign.runtime import App
 from streamassign.runtime import transactions as runtime_transactions
 
+LOG = logging.getLogger("t")
+
 TOPIC = "out"
 
 
@@ -262,6 +264,66 @@ def test_a_failed_release_step_does_not_skip_the_next_ones(
         asyncio.run(closing.release_consumer("consumer 0", Renamed(), logging.getLogger("t")))
     assert closed == ["fetcher", "client"]
     assert "consumer 0: could not stop its heartbeat after its stop was cut" in caplog.text
+
+
+def test_a_client_stop_raising_cancelled_error_is_a_cut_stop_not_a_cancel(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """aiokafka's fetcher re-raises its fetch tasks' cancellation from its close when the
+    broker is away: the runtime's stop ended there (CancelledError out of ``App.stop``,
+    the shared producer never stopped nor released). Now that stop is a cut one: False, so
+    its caller releases the client and goes on with the next steps."""
+
+    class FetcherCancelled:
+        async def stop(self) -> None:
+            raise asyncio.CancelledError
+
+    async def stop() -> bool:
+        return await closing.stop_within("consumer 0", FetcherCancelled(), "left", LOG)
+
+    with caplog.at_level(logging.WARNING, "t"):
+        assert asyncio.run(stop()) is False
+    assert "consumer 0 did not stop cleanly (its stop raised CancelledError): left" in caplog.text
+
+
+def test_a_release_step_raising_cancelled_error_does_not_skip_the_next_ones(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    closed: list[str] = []
+
+    class FetcherCancelled:
+        async def close(self) -> None:
+            raise asyncio.CancelledError  # aiokafka's fetcher close, the broker away
+
+    class Consumer:
+        _coordinator = object()
+        _fetcher = FetcherCancelled()
+        _client = Closes(closed, "client")
+
+    with caplog.at_level(logging.WARNING, "t"):
+        asyncio.run(closing.release_consumer("consumer 0", Consumer(), LOG))
+    assert closed == ["client"]
+    assert "consumer 0: could not close its fetcher after its stop was cut (Cancelled" in (
+        caplog.text
+    )
+
+
+def test_a_cancelled_stop_within_is_still_cancelled() -> None:
+    async def cancel_the_stop() -> None:
+        began = asyncio.Event()
+
+        class Slow:
+            async def stop(self) -> None:
+                began.set()
+                await asyncio.sleep(60)
+
+        stopping = asyncio.ensure_future(closing.stop_within("c", Slow(), "left", LOG))
+        await began.wait()  # cancelled inside the client's stop, not before it
+        stopping.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await stopping
+
+    asyncio.run(asyncio.wait_for(cancel_the_stop(), 5.0))
 
 
 def test_the_aiokafka_parts_the_releases_reach_exist() -> None:

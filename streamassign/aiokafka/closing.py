@@ -42,8 +42,9 @@ Release = Callable[[str, Any, logging.Logger], Awaitable[None]]
 async def stop_within(name: str, client: Stoppable, abandoned: str, log: logging.Logger) -> bool:
     """Stop ``client`` within ``CLOSE_TIMEOUT``; else cancel its stop and log one warning:
     ``<name> did not stop within <s> s (broker unreachable?): <abandoned>``. Another error
-    is logged too (stopping anyway: nothing else to do with it). Returns whether the stop
-    ended in time."""
+    is logged too (stopping anyway: nothing else to do with it). A ``CancelledError`` the
+    client's stop raises while this stop is not cancelled is a cut stop too. Returns False
+    for a cut stop: its caller then releases what the stop left running."""
     try:
         async with asyncio.timeout(CLOSE_TIMEOUT):
             await client.stop()
@@ -54,6 +55,11 @@ async def stop_within(name: str, client: Stoppable, abandoned: str, log: logging
             CLOSE_TIMEOUT,
             abandoned,
         )
+        return False
+    except asyncio.CancelledError:
+        if _cancelled_itself():
+            raise
+        log.warning("%s did not stop cleanly (its stop raised CancelledError): %s", name, abandoned)
         return False
     except Exception as exc:
         log.warning("%s did not stop cleanly (%r)", name, exc)
@@ -223,5 +229,18 @@ async def _release(
                 result = step()
                 if inspect.isawaitable(result):
                     await result
+        except asyncio.CancelledError:
+            if _cancelled_itself():
+                raise
+            log.warning("%s: could not %s after its stop was cut (CancelledError)", name, what)
         except Exception as exc:
             log.warning("%s: could not %s after its stop was cut (%r)", name, what, exc)
+
+
+def _cancelled_itself() -> bool:
+    """Whether the running task is being cancelled, rather than a ``CancelledError`` coming
+    out of what it awaited: aiokafka's fetcher re-raises its fetch tasks' cancellation from
+    its close (the broker away), which must not end a stop and skip what follows it
+    (releasing the client, the stop's next steps)."""
+    running = asyncio.current_task()
+    return running is not None and running.cancelling() > 0
