@@ -186,7 +186,7 @@ def require_extra(feature: str, extra: str, packages: Mapping[str, str], instead
                 f"{feature} needs {distribution}, from the {extra} extra: {install}", name=module
             ) from exc
         floor = _floor(needed)
-        installed = None if floor is None else _installed_version(distribution)
+        installed = None if floor is None else installed_version(distribution)
         if installed is not None and floor is not None and _below(installed, floor):
             raise ExtraVersionError(
                 f"{feature} needs {distribution}{needed}, from the {extra} extra, but "
@@ -211,7 +211,7 @@ def _floor(needed: str) -> str | None:
     return floors[0] if floors else None
 
 
-def _installed_version(distribution: str) -> str | None:
+def installed_version(distribution: str) -> str | None:
     """The version pip's metadata gives ``distribution``, None without metadata (a package put
     on the path by hand)."""
     # Imported here, not with this module: importlib.metadata brings email, csv, zipfile and

@@ -11,6 +11,7 @@ from typing import Any, Final
 import attrs
 import click
 
+from ..errors import installed_version
 from .failures import _one_line_failures
 from .jobs import _preflight, _session
 from .report import _render, _report_command
@@ -254,12 +255,7 @@ def _local_run_to_keep(
 
 
 def _dist_version(dist: str) -> str:
-    from importlib import metadata
-
-    try:
-        return metadata.version(dist)
-    except metadata.PackageNotFoundError:
-        return "not installed"
+    return installed_version(dist) or "not installed"
 
 
 def _simulation_identity(topology_file: Path, job: Any) -> dict[str, Any]:

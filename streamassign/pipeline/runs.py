@@ -490,9 +490,8 @@ def rows_damage(run_dir: str, manifest: Mapping[str, Any]) -> str | None:
     file deleted, with its checksum file or not, one added, one of another size), then against
     the checksum file Spark's local writer leaves beside each one (bytes changed). A run whose
     manifest lists none (older code, or written to a remote folder) is checked by its checksum
-    files alone. ``run_damage``
-    sees none of these, and a rerun must not keep such a run (milliseconds: every byte of a
-    file with a checksum file is read once)."""
+    files alone. ``run_damage`` sees none of these, and a rerun must not keep such a run
+    (milliseconds: every byte of a file with a checksum file is read once)."""
     listed = manifest.get(ROW_FILES)
     if not isinstance(listed, dict):
         return checksum_damage(run_dir)
@@ -508,10 +507,9 @@ def rows_unchecked(run_dir: str, manifest: Mapping[str, Any]) -> str | None:
     if any((Path(run_dir) / REBALANCES).rglob(".*.parquet.crc")):
         return None
     return (
-        f"its manifest lists no files (a run written to a remote folder, or by older code) and "
-        "no checksum file "
-        f"(.*.parquet.crc) is under {REBALANCES}/ (copied without its dot files, or written "
-        "through a file system that writes none)"
+        "its manifest lists no files (a run written to a remote folder, or by older code) and "
+        f"no checksum file (.*.parquet.crc) is under {REBALANCES}/ (copied without its dot "
+        "files, or written through a file system that writes none)"
     )
 
 

@@ -490,9 +490,10 @@ def _said_as_executor_code_error(spark: Any) -> Iterator[None]:
     try:
         yield
     except Exception as exc:
+        if _executor_code_line(exc) is None:
+            raise  # Spark is asked how it runs its workers only for this error
         other_code = _executor_code_error(exc, _ships_code(spark), _local_master(spark))
-        if other_code is None:
-            raise
+        assert other_code is not None  # its line was found
         raise other_code from exc
 
 
@@ -503,14 +504,20 @@ def _executor_code_error(
     wraps it in its job's trace), or None if ``exc`` is another failure. The cause is worked
     out here (``runs.why_other_code``) from the worker's package folder: the worker runs other
     code, which may word its own cause otherwise, or wrongly."""
-    found = re.findall(rf"{ExecutorCodeError.__name__}: (.+)", _failure_text(exc))
-    if not found:
+    line = _executor_code_line(exc)
+    if line is None:
         return None
-    said = OTHER_CODE_LINE.match(found[-1].strip())
+    said = OTHER_CODE_LINE.match(line)
     if said is None:  # a line this code cannot read: the worker's own, as it is
-        return ExecutorCodeError(found[-1].strip())
+        return ExecutorCodeError(line)
     cause = why_other_code(said["where"], this_code(), shipped, local_master)
     return ExecutorCodeError(f"{said[1]}: {cause}")
+
+
+def _executor_code_line(exc: BaseException) -> str | None:
+    """The last :class:`ExecutorCodeError` line in ``exc``'s chain of failures, or None."""
+    found = re.findall(rf"{ExecutorCodeError.__name__}: (.+)", _failure_text(exc))
+    return found[-1].strip() if found else None
 
 
 def _ships_code(spark: Any) -> bool:
