@@ -553,3 +553,10 @@ class ProducerStartError(StreamAssignError):
 class TransactionalIdNotAuthorizedError(ProducerStartError, NotAuthorizedError):
     """Exactly once: a task's transactional producer cannot start, since the runtime's
     principal may not use its transactional id (WRITE on ``<application id>-<task>``)."""
+
+
+class StartStoppedError(StreamAssignError):
+    """``stop()`` (or ``ProcessHost.begin_stop``) was called while ``App.start`` or
+    ``ProcessHost.start`` was under way: the start ends with it, once what it had started is
+    stopped, instead of waiting for a first assignment (for ever, while the broker is away).
+    ``App.run`` stopped so returns normally: the stop was asked for."""
