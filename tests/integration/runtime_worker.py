@@ -179,12 +179,15 @@ def preloaded_value(key: str) -> str:
 async def start_unless_stopped(app: App, stop: asyncio.Event) -> bool:
     """``app.start()``, raced against SIGTERM (``stop``): a SIGTERM while starting (its broker
     gone, say, the start waiting for a first assignment) stops the app, which ends the
-    start; False then (stopped). A failed start raises, as before."""
+    start; False then (stopped). A failed start is stopped too (what it started is closed,
+    as ``run()`` does), then raises."""
     starting = asyncio.ensure_future(app.start())
     signalled = asyncio.ensure_future(stop.wait())
     await asyncio.wait([starting, signalled], return_when=asyncio.FIRST_COMPLETED)
     signalled.cancel()
     if starting.done():
+        if starting.exception() is not None:
+            await app.stop()
         starting.result()
         return True
     emit(event="stopping", during="start", t=time.time())
