@@ -346,6 +346,8 @@ def test_the_aiokafka_parts_the_releases_reach_exist() -> None:
         assert attribute in start, f"AIOKafkaConsumer no longer sets {attribute}"
     for attribute in ("self._msg_futures =", "self._drain_waiter ="):
         assert attribute in batch, f"MessageBatch no longer sets {attribute}"
+    fetcher = inspect.getsource(Fetcher.__init__)
+    assert "self._pending_tasks = set()" in fetcher, "Fetcher no longer keeps _pending_tasks"
 
     async def producer_parts() -> None:
         producer = AIOKafkaProducer(bootstrap_servers="127.0.0.1:1")

@@ -41,10 +41,13 @@ Release = Callable[[str, Any, logging.Logger], Awaitable[None]]
 
 async def stop_within(name: str, client: Stoppable, abandoned: str, log: logging.Logger) -> bool:
     """Stop ``client`` within ``CLOSE_TIMEOUT``; else cancel its stop and log one warning:
-    ``<name> did not stop within <s> s (broker unreachable?): <abandoned>``. Another error
-    is logged too (stopping anyway: nothing else to do with it). A ``CancelledError`` the
-    client's stop raises while this stop is not cancelled is a cut stop too. Returns False
-    for a cut stop: its caller then releases what the stop left running."""
+    ``<name> did not stop within <s> s (broker unreachable?): <abandoned>``. A stop that
+    fails is a cut stop too, logged likewise: a ``CancelledError`` it raises while this stop
+    is not cancelled, or another error. aiokafka's clients mark themselves closed before
+    their stop's first step, so one failing step skips the others for good (a consumer's
+    coordinator failing: its fetcher and connections are never closed; a producer whose
+    sender died: its connections), and a second ``stop()`` does nothing. Returns False for
+    a cut stop: its caller then releases what the stop left running."""
     try:
         async with asyncio.timeout(CLOSE_TIMEOUT):
             await client.stop()
@@ -62,7 +65,8 @@ async def stop_within(name: str, client: Stoppable, abandoned: str, log: logging
         log.warning("%s did not stop cleanly (its stop raised CancelledError): %s", name, abandoned)
         return False
     except Exception as exc:
-        log.warning("%s did not stop cleanly (%r)", name, exc)
+        log.warning("%s did not stop cleanly (%r): %s", name, exc, abandoned)
+        return False
     return True
 
 
@@ -70,7 +74,8 @@ async def release_consumer(name: str, consumer: Any, log: logging.Logger) -> Non
     """The local part of an ``AIOKafkaConsumer`` stop that ``stop_within`` cut (while it waited
     for the coordination task, which the cut cancels, or for its LeaveGroup): without it the
     heartbeat and fetch tasks run on and the connections stay open. Only aiokafka's own
-    closing steps that need no answer from the broker (see ``_release``)."""
+    closing steps that need no answer from the broker (see ``_release``), the fetches first
+    (``_end_fetches``: its fetcher's close may stop at the first)."""
     await _release(
         name,
         (
@@ -79,11 +84,33 @@ async def release_consumer(name: str, consumer: Any, log: logging.Logger) -> Non
                 "stop its offsets refresh",
                 lambda: consumer._coordinator._stop_commit_offsets_refresh_task(),
             ),
+            ("end its fetches", lambda: _end_fetches(consumer._fetcher)),
             ("close its fetcher", lambda: consumer._fetcher.close()),
             ("close its connections", lambda: consumer._client.close()),
         ),
         log,
     )
+
+
+async def _end_fetches(fetcher: Any) -> None:
+    """Cancel every fetch request aiokafka's ``fetcher`` still runs (one per broker), wait for
+    them, and drop those ended from its set. Its close cancels and awaits them one at a
+    time, and one in its retry backoff (the broker away) raises the cancel back, which ends
+    the close there: the fetches after it ran on, each retrying and logging "Failed fetch
+    messages" after the release. Dropped, the close does not await them again (nor raise
+    their cancel again)."""
+    fetches = set(fetcher._pending_tasks)
+    for fetch in fetches:
+        fetch.cancel()
+    if fetches:
+        await asyncio.wait(fetches, timeout=RELEASE_STEP_TIMEOUT / 2)
+    ended = {fetch for fetch in fetches if fetch.done()}
+    for fetch in ended:
+        if not fetch.cancelled():
+            fetch.exception()  # retrieved, so asyncio does not log it: nobody wants it now
+    fetcher._pending_tasks.difference_update(ended)
+    if len(ended) < len(fetches):
+        raise TimeoutError(f"{len(fetches) - len(ended)} fetch task(s) did not end")
 
 
 async def release_producer(name: str, producer: Any, log: logging.Logger) -> None:
