@@ -150,7 +150,6 @@ class Fails:
 class Closes:
     def __init__(self, closed: list[str], name: str) -> None:
         self.closed, self.name = closed, name
-        self._pending_tasks: set[asyncio.Task[bool]] = set()
 
     async def close(self) -> None:
         self.closed.append(self.name)
