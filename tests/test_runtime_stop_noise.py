@@ -15,6 +15,7 @@ from aiokafka import AIOKafkaConsumer
 from aiokafka.consumer.fetcher import Fetcher
 from aiokafka.consumer.subscription_state import SubscriptionState
 from aiokafka.errors import KafkaConnectionError
+from aiokafka.structs import TopicPartition as KafkaPartition
 
 from streamassign import TopicPartition
 from streamassign.aiokafka import closing
@@ -110,6 +111,76 @@ async def fetcher_in_backoff(brokers: int) -> tuple[Fetcher, list[asyncio.Task[b
     return fetcher, fetches
 
 
+class Stopped:
+    """aiokafka's group coordinator, its tasks already stopped."""
+
+    async def _stop_heartbeat_task(self) -> None:
+        pass
+
+    async def _stop_commit_offsets_refresh_task(self) -> None:
+        pass
+
+
+class ThreeBrokers:
+    """aiokafka's client while the broker goes away: the first three fetch requests (one per
+    broker) hang, every later one is refused at once."""
+
+    _metadata_max_age_ms = 300_000
+
+    def __init__(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self.cluster = SimpleNamespace(
+            leader_for_partition=lambda partition: partition.partition,  # partition p on node p
+            broker_metadata=lambda node: object(),
+        )
+        self.requests = 0
+        self.closed = False
+
+    async def send(self, node_id: int, request: object) -> None:
+        self.requests += 1
+        if self.requests <= 3:
+            await asyncio.Event().wait()
+        raise KafkaConnectionError(f"connection to node {node_id} refused")
+
+    def force_metadata_update(self) -> asyncio.Future[None]:
+        return self._loop.create_future()
+
+    async def close(self) -> None:
+        self.closed = True
+
+
+def test_a_release_ends_the_fetch_routine_before_it_starts_new_fetches(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A stop cut while it closed the coordinator leaves aiokafka's fetch routine alive:
+    cancelling only the fetches it had started, the release let it start a new one per
+    broker (refused, in backoff: still running after the release, and a warning)."""
+
+    async def release() -> tuple[int, int]:
+        subscriptions = SubscriptionState()
+        subscriptions.subscribe({"t"})
+        partitions = {KafkaPartition("t", p) for p in range(3)}
+        subscriptions.assign_from_subscribed(partitions)
+        for partition in partitions:
+            subscriptions.seek(partition, 0)
+        client = ThreeBrokers()
+        fetcher = Fetcher(client, subscriptions, retry_backoff_ms=60_000)
+        while client.requests < 3:  # (bounded by the wait_for below)
+            await asyncio.sleep(0)
+        consumer = SimpleNamespace(_coordinator=Stopped(), _fetcher=fetcher, _client=client)
+        await closing.release_consumer("consumer 0", consumer, LOG)
+        running = [
+            task
+            for task in asyncio.all_tasks()
+            if "_proc_fetch_request" in repr(task.get_coro()) and not task.done()
+        ]
+        return client.requests, len(running)
+
+    with caplog.at_level(logging.WARNING, "t"):
+        assert asyncio.run(asyncio.wait_for(release(), 10.0)) == (3, 0)
+    assert "could not" not in caplog.text
+
+
 def test_a_release_after_a_cut_stop_ends_every_fetch_with_several_brokers(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -120,7 +191,7 @@ def test_a_release_after_a_cut_stop_ends_every_fetch_with_several_brokers(
 
     async def release() -> list[bool]:
         fetcher, fetches = await fetcher_in_backoff(3)
-        consumer = SimpleNamespace(_coordinator=object(), _fetcher=fetcher, _client=BrokerGone())
+        consumer = SimpleNamespace(_coordinator=Stopped(), _fetcher=fetcher, _client=BrokerGone())
         with contextlib.suppress(asyncio.CancelledError):
             await fetcher.close()  # the consumer's own stop, the broker gone
         await closing.release_consumer("consumer 0", consumer, LOG)
