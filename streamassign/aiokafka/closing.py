@@ -108,11 +108,17 @@ async def _end_fetches(fetcher: Any) -> None:
     if not isinstance(routine, asyncio.Future) or not isinstance(pending, set):
         return
     routine.cancel()
-    await _cancelled_and_ended({routine}, "fetch routine")
+    routine_late: TimeoutError | None = None
+    try:
+        await _cancelled_and_ended({routine}, "fetch routine")
+    except TimeoutError as late:  # the fetches are still ended; the warning says it
+        routine_late = late
     fetches = set(pending)
     for fetch in fetches:
         fetch.cancel()
     pending.difference_update(await _cancelled_and_ended(fetches, "fetch task(s)"))
+    if routine_late is not None:
+        raise routine_late
 
 
 async def _cancelled_and_ended(tasks: set[asyncio.Future[Any]], what: str) -> set[Any]:
