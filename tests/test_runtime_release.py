@@ -202,6 +202,33 @@ def test_a_cut_close_of_a_task_producer_sends_nothing_more(
     ]
 
 
+def test_a_task_producer_whose_stop_fails_is_released(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """aiokafka marks a producer closed before its stop's first step, so a step that fails
+    skips the others for good: its sender and connections ran on, unreleased."""
+
+    async def scenario() -> None:
+        async with silent_broker() as broker:
+            producer = await started_producer(broker)
+
+            async def failing_stop() -> None:
+                producer._closed = True  # (aiokafka's stop, first)
+                raise RuntimeError("its sender failed")
+
+            producer.stop = failing_stop
+            await asyncio.wait_for(runtime_transactions._close(producer, abort=False), 10)
+            assert aiokafka_tasks() == []
+
+    with caplog.at_level(logging.WARNING, "streamassign"):
+        asyncio.run(scenario())
+        assert asyncio_errors(caplog) == []
+    warnings = [r.getMessage() for r in caplog.records if r.name.startswith("streamassign")]
+    assert warnings == [
+        "a task's producer did not close cleanly (RuntimeError('its sender failed'))"
+    ]
+
+
 def test_a_cut_abort_of_a_task_producer_leaves_nothing_running(
     caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -346,6 +373,9 @@ def test_the_aiokafka_parts_the_releases_reach_exist() -> None:
         assert attribute in start, f"AIOKafkaConsumer no longer sets {attribute}"
     for attribute in ("self._msg_futures =", "self._drain_waiter ="):
         assert attribute in batch, f"MessageBatch no longer sets {attribute}"
+    fetcher = inspect.getsource(Fetcher.__init__)
+    assert "self._pending_tasks = set()" in fetcher, "Fetcher no longer keeps _pending_tasks"
+    assert "self._fetch_task =" in fetcher, "Fetcher no longer keeps _fetch_task"
 
     async def producer_parts() -> None:
         producer = AIOKafkaProducer(bootstrap_servers="127.0.0.1:1")

@@ -41,10 +41,13 @@ Release = Callable[[str, Any, logging.Logger], Awaitable[None]]
 
 async def stop_within(name: str, client: Stoppable, abandoned: str, log: logging.Logger) -> bool:
     """Stop ``client`` within ``CLOSE_TIMEOUT``; else cancel its stop and log one warning:
-    ``<name> did not stop within <s> s (broker unreachable?): <abandoned>``. Another error
-    is logged too (stopping anyway: nothing else to do with it). A ``CancelledError`` the
-    client's stop raises while this stop is not cancelled is a cut stop too. Returns False
-    for a cut stop: its caller then releases what the stop left running."""
+    ``<name> did not stop within <s> s (broker unreachable?): <abandoned>``. A stop that
+    fails is a cut stop too, logged likewise: a ``CancelledError`` it raises while this stop
+    is not cancelled, or another error. aiokafka's clients mark themselves closed before
+    their stop's first step, so one failing step skips the others for good (a consumer's
+    coordinator failing: its fetcher and connections are never closed), and a second
+    ``stop()`` does nothing. Returns False for a cut stop: its caller then releases what
+    the stop left running."""
     try:
         async with asyncio.timeout(CLOSE_TIMEOUT):
             await client.stop()
@@ -62,7 +65,8 @@ async def stop_within(name: str, client: Stoppable, abandoned: str, log: logging
         log.warning("%s did not stop cleanly (its stop raised CancelledError): %s", name, abandoned)
         return False
     except Exception as exc:
-        log.warning("%s did not stop cleanly (%r)", name, exc)
+        log.warning("%s did not stop cleanly (%r): %s", name, exc, abandoned)
+        return False
     return True
 
 
@@ -70,7 +74,8 @@ async def release_consumer(name: str, consumer: Any, log: logging.Logger) -> Non
     """The local part of an ``AIOKafkaConsumer`` stop that ``stop_within`` cut (while it waited
     for the coordination task, which the cut cancels, or for its LeaveGroup): without it the
     heartbeat and fetch tasks run on and the connections stay open. Only aiokafka's own
-    closing steps that need no answer from the broker (see ``_release``)."""
+    closing steps that need no answer from the broker (see ``_release``), the fetches first
+    (``_end_fetches``: its fetcher's close may stop at the first)."""
     await _release(
         name,
         (
@@ -79,11 +84,56 @@ async def release_consumer(name: str, consumer: Any, log: logging.Logger) -> Non
                 "stop its offsets refresh",
                 lambda: consumer._coordinator._stop_commit_offsets_refresh_task(),
             ),
+            ("end its fetches", lambda: _end_fetches(consumer._fetcher)),
             ("close its fetcher", lambda: consumer._fetcher.close()),
             ("close its connections", lambda: consumer._client.close()),
         ),
         log,
     )
+
+
+async def _end_fetches(fetcher: Any) -> None:
+    """End aiokafka's fetch routine, then cancel every fetch request it still runs (one per
+    broker), wait for them, and drop those ended from its set. The routine goes first, as
+    in aiokafka's own close: a stop cut while closing the coordinator leaves it alive, and
+    it starts a new fetch for each one the cancel ends. The fetcher's close cancels and
+    awaits the fetches one at a time, and one in its retry backoff (the broker away) raises
+    the cancel back, which ends the close there, the fetches after it still running (and
+    logging "Failed fetch messages"). Dropped, the close does not await them again (nor
+    raise their cancel again). A fetcher without those attributes (another aiokafka
+    version; ``tests/test_runtime_release.py`` checks the installed one has them) is left
+    to its close."""
+    routine = getattr(fetcher, "_fetch_task", None)
+    pending = getattr(fetcher, "_pending_tasks", None)
+    if not isinstance(routine, asyncio.Future) or not isinstance(pending, set):
+        return
+    routine.cancel()
+    routine_late: TimeoutError | None = None
+    try:
+        await _cancelled_and_ended({routine}, "fetch routine")
+    except TimeoutError as late:  # the fetches are still ended; the warning says it
+        routine_late = late
+    fetches = set(pending)
+    for fetch in fetches:
+        fetch.cancel()
+    pending.difference_update(await _cancelled_and_ended(fetches, "fetch task(s)"))
+    if routine_late is not None:
+        raise routine_late
+
+
+async def _cancelled_and_ended(tasks: set[asyncio.Future[Any]], what: str) -> set[Any]:
+    """Wait for cancelled ``tasks`` to end (a quarter of ``RELEASE_STEP_TIMEOUT``); their
+    failures retrieved, so asyncio does not log them: nobody wants them now. Returns those
+    ended; raises ``TimeoutError`` if any did not."""
+    if tasks:
+        await asyncio.wait(tasks, timeout=RELEASE_STEP_TIMEOUT / 4)
+    ended = {task for task in tasks if task.done()}
+    for task in ended:
+        if not task.cancelled():
+            task.exception()
+    if len(ended) < len(tasks):
+        raise TimeoutError(f"{len(tasks) - len(ended)} {what} did not end")
+    return ended
 
 
 async def release_producer(name: str, producer: Any, log: logging.Logger) -> None:

@@ -218,6 +218,9 @@ class Commits:
             raise
         except BaseException:  # cancelled (a stop's grace), interrupted: the step with it
             waiting.cancel()
+            # A cancelled gather (the wait for a task's acks) ends with CancelledError as its
+            # failure, not cancelled; nobody awaits it now: asyncio would print it, one per task.
+            waiting.add_done_callback(retrieve_failure)
             raise
         return await waiting
 

@@ -272,6 +272,8 @@ async def _close(producer: AIOKafkaProducer, abort: bool) -> None:
         await closing.release_producer("a task's producer", producer, log)
     except Exception as exc:  # the broker aborts it at the next owner's init or its timeout
         log.warning("a task's producer did not close cleanly (%r)", exc)
+        # aiokafka marked it closed before the failed step: the steps after it never run.
+        await closing.release_producer("a task's producer", producer, log)
     finally:
         closing.mark_failures_seen(producer)
 
