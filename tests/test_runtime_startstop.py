@@ -5,6 +5,7 @@ nothing, so the first assignment never comes (as with a broker gone while joinin
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
@@ -12,6 +13,7 @@ from typing import Any
 
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka.errors import KafkaConnectionError
 
 from streamassign import Subtopology, Topology
 from streamassign.aiokafka import ProcessHost
@@ -30,14 +32,20 @@ class Nothing:
 
 class Clients:
     """Every aiokafka client started and stopped during a test: ``start`` connects to nothing
-    (``hold`` makes it wait for the test first), ``stop`` is aiokafka's own, counted, and
-    two stops of one client at the same time are recorded as ``overlapping``."""
+    (``hold`` makes the starts that ``held`` picks wait for the test first; ``failing`` picks
+    the starts that fail), ``stop`` is aiokafka's own, counted; a stop of a client still
+    starting is recorded in ``stopped_starting``, two stops of one client at the same time
+    in ``overlapping``."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.started: list[Any] = []
         self.stops: dict[int, int] = {}
         self.overlapping: list[Any] = []
+        self.stopped_starting: list[Any] = []
         self.hold: asyncio.Event | None = None
+        self.held: Callable[[Any], bool] = lambda client: True
+        self.failing: Callable[[Any], bool] = lambda client: False
+        self._starting: set[int] = set()
         self._stopping: set[int] = set()
         for cls in (AIOKafkaConsumer, AIOKafkaProducer):
             monkeypatch.setattr(cls, "start", self._starter())
@@ -45,14 +53,22 @@ class Clients:
 
     def _starter(self) -> Callable[[Any], Awaitable[None]]:
         async def start(client: Any) -> None:
-            if self.hold is not None:
-                await self.hold.wait()
+            self._starting.add(id(client))
+            try:
+                if self.failing(client):
+                    raise KafkaConnectionError("Unable to bootstrap from [('127.0.0.1', 1)]")
+                if self.hold is not None and self.held(client):
+                    await self.hold.wait()
+            finally:
+                self._starting.discard(id(client))
             self.started.append(client)
 
         return start
 
     def _stopper(self, stop: Callable[[Any], Awaitable[None]]) -> Callable[[Any], Any]:
         async def stopped(client: Any) -> None:
+            if id(client) in self._starting:
+                self.stopped_starting.append(client)
             if id(client) in self._stopping:
                 self.overlapping.append(client)
             self._stopping.add(id(client))
@@ -94,10 +110,9 @@ def joining(host: ProcessHost) -> bool:
 def test_stop_ends_a_host_start_waiting_for_its_first_assignment(
     tmp_path: Path, clients: Clients
 ) -> None:
-    """The broker went away after the consumers connected: no assignment comes. ``stop``
-    used to return while ``start`` waited on for ever; now ``start`` ends with
-    ``StartStoppedError`` and each consumer is stopped once, never twice at the same time
-    (the start's cleanup and ``stop`` both stop them)."""
+    """No assignment comes (the broker went away after the consumers connected): ``stop``
+    ends ``start`` with ``StartStoppedError``, and each consumer is stopped once, never
+    twice at the same time (the start's cleanup and ``stop`` both stop them)."""
     host = ProcessHost(ONE, bootstrap_servers="127.0.0.1:1", state_dir=tmp_path, threads=2)
 
     async def scenario() -> None:
@@ -162,6 +177,74 @@ def test_a_stop_as_the_first_assignment_arrives_still_ends_the_start(
 
     asyncio.run(scenario())
     assert clients.left_running() == [] and clients.stopped_twice() == []
+
+
+def test_a_coordinator_failure_in_the_turn_of_the_stop_is_logged(
+    tmp_path: Path, clients: Clients, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A consumer's first assignment fails (its group coordinator) in the same turn of the
+    loop as the stop: the stop wins, and the failure is logged at DEBUG, not dropped."""
+    host = ProcessHost(ONE, bootstrap_servers="127.0.0.1:1", state_dir=tmp_path)
+
+    async def scenario() -> None:
+        starting = asyncio.ensure_future(host.start())
+        await until(lambda: joining(host))
+        subscription = host.consumers[0]._subscription
+        subscription._fetch_waiters = set()  # (only the assignment waiters are of interest)
+        subscription.abort_waiters(RuntimeError("coordinator died"))
+        stopping = asyncio.ensure_future(host.stop())
+        async with asyncio.timeout(DEADLINE):
+            await stopping
+        with pytest.raises(StartStoppedError):
+            starting.result()
+
+    with caplog.at_level(logging.DEBUG, logger="streamassign.aiokafka"):
+        asyncio.run(scenario())
+    assert "first assignment failed as the host stopped" in caplog.text
+    assert "coordinator died" in caplog.text
+    assert clients.left_running() == [] and clients.stopped_twice() == []
+
+
+class LoopErrors:
+    """What the event loop's exception handler is given (asyncio's "never retrieved",
+    "Task was destroyed but it is pending" and the like), collected until the loop ends."""
+
+    def __init__(self) -> None:
+        self.seen: list[str] = []
+
+    def run(self, scenario: Callable[[], Awaitable[None]]) -> None:
+        async def watched() -> None:
+            asyncio.get_running_loop().set_exception_handler(
+                lambda loop, context: self.seen.append(str(context.get("message")))
+            )
+            await scenario()
+            for _ in range(3):  # an unretrieved failure is reported when collected
+                gc.collect()
+                await asyncio.sleep(0.001)
+
+        asyncio.run(watched())
+
+
+def test_a_host_start_cancelled_from_outside_leaves_no_unretrieved_failure(
+    tmp_path: Path, clients: Clients
+) -> None:
+    """The task running ``start`` is cancelled while the consumers wait for their first
+    assignment (as ``asyncio.run`` does on Ctrl-C): the start ends cancelled, its consumers
+    stopped, and asyncio reports nothing (the cancelled wait's outcome was retrieved)."""
+    host = ProcessHost(ONE, bootstrap_servers="127.0.0.1:1", state_dir=tmp_path, threads=2)
+    loop_errors = LoopErrors()
+
+    async def scenario() -> None:
+        starting = asyncio.ensure_future(host.start())
+        await until(lambda: joining(host))
+        starting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            async with asyncio.timeout(DEADLINE):
+                await starting
+
+    loop_errors.run(scenario)
+    assert loop_errors.seen == []
+    assert len(clients.started) == 2 and clients.left_running() == []
 
 
 def test_a_host_stopped_before_it_starts_makes_no_consumer(
@@ -268,32 +351,57 @@ def test_a_stop_during_a_start_step_ends_the_start_after_that_step(
 
 
 @pytest.mark.parametrize("guarantee", ["at_least_once", "exactly_once"])
-def test_a_stop_while_clients_start_stops_each_once_after_its_start(
+def test_a_stop_while_clients_start_cancels_their_starts(
     tmp_path: Path, clients: Clients, monkeypatch: pytest.MonkeyPatch, guarantee: str
 ) -> None:
-    """Stopped while its readers (and the shared producer) are starting: the stop waits for
-    their starts, the host is never started, and each client is stopped once."""
+    """Stopped while its readers (and the shared producer) are starting, and their starts
+    never end (the producer asks for its id while the broker is away): the stop cancels
+    the starts, the start raises ``StartStoppedError``, the host is never started, and
+    each client is stopped once, after its start ended."""
     Steps(monkeypatch)
-    clients.hold = asyncio.Event()
+    clients.hold = asyncio.Event()  # never set
     app = make_app(tmp_path, guarantee)
 
     async def scenario() -> None:
         starting = asyncio.ensure_future(app.start())
         await until(lambda: app._clients.changelog_reader is not None)
-        stopping = asyncio.ensure_future(app.stop())
-        await asyncio.sleep(0.02)
-        assert not stopping.done() and clients.stops == {}
-        assert clients.hold is not None
-        clients.hold.set()
         async with asyncio.timeout(DEADLINE):
-            await stopping
-        with pytest.raises(StartStoppedError, match="before joining the group"):
+            await app.stop()
+        with pytest.raises(StartStoppedError, match="while its clients started"):
             starting.result()
 
     asyncio.run(scenario())
-    assert len(clients.started) == (3 if guarantee == "at_least_once" else 2)
+    made = [app._clients.restorer, app._clients.changelog_reader, app._clients.producer]
+    made = [client for client in made if client is not None]
+    assert len(made) == (3 if guarantee == "at_least_once" else 2)
+    assert all(client._closed for client in made) and clients.started == []
+    assert clients.stopped_starting == [] and clients.overlapping == []
+    assert all(clients.stops.get(id(client)) == 1 for client in made)
     assert app.host.consumers == []  # the host never started
-    assert clients.left_running() == [] and clients.stopped_twice() == []
+
+
+def test_a_client_start_that_fails_cancels_the_other_starts(
+    tmp_path: Path, clients: Clients, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The restore reader's start fails while the shared producer's never ends: the start
+    raises that failure once the other starts are cancelled and ended, so the stop after
+    it stops no client that is still starting."""
+    Steps(monkeypatch)
+    app = make_app(tmp_path)
+    clients.hold = asyncio.Event()  # never set
+    clients.failing = lambda client: client is app._clients.restorer
+
+    async def scenario() -> None:
+        with pytest.raises(KafkaConnectionError):
+            async with asyncio.timeout(DEADLINE):
+                await app.start()
+        assert clients._starting == set()
+        async with asyncio.timeout(DEADLINE):
+            await app.stop()
+
+    asyncio.run(scenario())
+    assert clients.started == [] and clients.stopped_starting == []
+    assert app._clients.producer is not None and app._clients.producer._closed
 
 
 def test_run_stopped_while_joining_returns_after_one_stop(
@@ -302,10 +410,9 @@ def test_run_stopped_while_joining_returns_after_one_stop(
     monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """The sighting: ``run()`` with a SIGTERM handler calling ``stop()``, the broker gone
-    while the consumers join. ``stop()`` returned and ``run()`` waited for ever; now
-    ``run()`` returns (no error: the stop was asked for), after one stop (its own
-    ``stop()`` waits for the handler's), and no client is left running."""
+    """``run()`` with a SIGTERM handler calling ``stop()`` while the consumers join (the
+    broker gone): ``run()`` returns without error (the stop was asked for), after one stop
+    (its own ``stop()`` waits for the handler's), and no client is left running."""
     Steps(monkeypatch)
     app = make_app(tmp_path)
 
@@ -339,3 +446,45 @@ def test_an_app_stopped_before_it_starts_starts_nothing(
 
     asyncio.run(scenario())
     assert steps.ran == [] and clients.started == []
+
+
+def test_run_cancelled_from_outside_while_joining_leaves_nothing(
+    tmp_path: Path, clients: Clients, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``asyncio.run(app.run())`` interrupted by Ctrl-C while the consumers join: the task
+    is cancelled, ``run()``'s own stop closes every client, and asyncio reports nothing."""
+    Steps(monkeypatch)
+    app = make_app(tmp_path)
+    loop_errors = LoopErrors()
+
+    async def scenario() -> None:
+        running = asyncio.ensure_future(app.run())
+        await until(lambda: joining(app.host))
+        running.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            async with asyncio.timeout(DEADLINE):
+                await running
+
+    loop_errors.run(scenario)
+    assert loop_errors.seen == []
+    assert len(clients.started) == 4 and clients.left_running() == []
+
+
+def test_an_app_stopped_after_its_start_cannot_start_again(
+    tmp_path: Path, clients: Clients, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    Steps(monkeypatch)
+    app = make_app(tmp_path)
+
+    async def scenario() -> None:
+        starting = asyncio.ensure_future(app.start())
+        await until(lambda: joining(app.host))
+        async with asyncio.timeout(DEADLINE):
+            await app.stop()
+        with pytest.raises(StartStoppedError):
+            await starting
+        with pytest.raises(StartStoppedError, match="cannot start again: make a new App"):
+            await app.start()
+
+    asyncio.run(scenario())
+    assert len(clients.started) == 4 and clients.left_running() == []

@@ -64,7 +64,7 @@ from ..versions import (
     refused_subtopologies,
     subtopology_topic_indices,
 )
-from .closing import release_consumer, stop_within
+from .closing import release_consumer, retrieve_failure, stop_within
 from .rejoin import (
     MetadataWatch,
     Rejoiner,
@@ -942,14 +942,22 @@ class ProcessHost:
             if waiter is not None:
                 first.append(waiter)
         assigned = self._first_assignments = asyncio.gather(*first)
+        # A cancelled gather ends with CancelledError as its failure (not as cancelled); when
+        # the task running start is cancelled, nobody looks at it again and asyncio would log
+        # it ("_GatheringFuture exception was never retrieved") once collected.
+        assigned.add_done_callback(retrieve_failure)
         try:
-            await asyncio.wait([assigned])  # a cancel of this wait stays here: see finally
+            # Waited on, not awaited: begin_stop cancels the gather, and that must end the
+            # wait, not look like a cancel of the task running start.
+            await asyncio.wait([assigned])
         finally:
             self._first_assignments = None
-            assigned.cancel()  # (done: no-op) the task running start was cancelled
-        if self._stopping:  # asked while waiting, or as the last assignment came in
-            if not assigned.cancelled():
-                assigned.exception()  # seen: a coordinator failure now says nothing
+            assigned.cancel()  # no-op once done; else this task was cancelled: stop waiting
+        if self._stopping:  # asked while waiting, or in the turn the last assignment came
+            failure = None if assigned.cancelled() else assigned.exception()
+            if failure is not None and not isinstance(failure, asyncio.CancelledError):
+                # The stop was asked for and wins; a coordinator failure is only noted.
+                log.debug("a consumer's first assignment failed as the host stopped: %r", failure)
             raise StartStoppedError(
                 "the process host's start was stopped while its consumers waited for their "
                 "first assignment"

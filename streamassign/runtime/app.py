@@ -320,6 +320,8 @@ class App:
         self._start_ended: asyncio.Future[None] | None = None
         #: Done when the ``stop()`` under way has ended (None: none is).
         self._stop_ended: asyncio.Future[bool] | None = None
+        #: The time limit (none) of the clients' starts, which ``stop()`` moves to now.
+        self._clients_cut: asyncio.Timeout | None = None
         #: Holds back aiokafka's repeated broker-away lines, start to stop (shared; None: off).
         self._broker_away_lines: BrokerAwayLines | None = None
 
@@ -393,10 +395,14 @@ class App:
 
     async def start(self) -> None:
         """Create internal topics, start the producer, the restore consumers and the host.
-        ``stop()`` during it ends it with ``StartStoppedError``: at its next step, or at
-        once while its consumers wait for their first assignment."""
+        ``stop()`` during it ends it with ``StartStoppedError``: at once while its clients
+        start or its consumers wait for their first assignment, else at its next step."""
         if self._stop_asked:
-            raise StartStoppedError("the application was stopped before it started")
+            if self._start_ended is None:
+                raise StartStoppedError("the application was stopped before it started")
+            raise StartStoppedError(
+                "the application was stopped and cannot start again: make a new App"
+            )
         self._start_ended = asyncio.get_running_loop().create_future()
         try:
             await self._start_filtered()
@@ -529,7 +535,22 @@ class App:
         starts = [clients.restorer.start(), clients.changelog_reader.start()]
         if clients.producer is not None:
             starts.append(clients.producer.start())
-        await asyncio.gather(*starts)
+        # No time limit but the stop: the shared producer's start (idempotent) asks for its
+        # producer id for ever while the broker is away. stop() moves this limit to now,
+        # which cancels the starts (as TaskProducers.renew's time limit cancels a producer's
+        # start) and waits for them to end: none finishes after the stop.
+        cut = self._clients_cut = asyncio.timeout(None)
+        try:
+            async with cut:
+                await _all_or_none(starts)
+        except TimeoutError:
+            if not cut.expired():  # raised by a start itself
+                raise
+            raise StartStoppedError(
+                "the application's start was stopped while its clients started"
+            ) from None
+        finally:
+            self._clients_cut = None
 
     async def _join_group(self) -> None:
         """Start the host (its consumers join the group); a group the principal may not use
@@ -594,9 +615,10 @@ class App:
         after it (a commit at stop the broker refused, say).
 
         Called while ``start()`` is under way, it first lets the start end (it raises
-        ``StartStoppedError`` at its next step, or at once while waiting for the first
-        assignment), then stops whatever the start had started. A second ``stop()`` while
-        one is under way waits for that one (and runs, should that one be cancelled)."""
+        ``StartStoppedError`` at once while its clients start or it waits for the first
+        assignment, else at its next step), then stops whatever the start had made. A
+        second ``stop()`` while one is under way waits for that one (and runs, should that
+        one be cancelled)."""
         while self._stop_ended is not None:
             under_way = self._stop_ended
             await asyncio.wait([under_way])
@@ -617,10 +639,12 @@ class App:
         log.info("process %s stopped", self.host.process_id)
 
     async def _start_unwound(self) -> None:
-        """Wait for a ``start()`` under way to end. ``begin_stop`` ends its wait for the
-        first assignment; each step before that ends at its clients' timeouts (see "A stop
-        during the start" in ``docs/runtime.md``)."""
+        """Wait for a ``start()`` under way to end. The clients' starts are cancelled and
+        ``begin_stop`` ends the wait for the first assignment; each other step ends at its
+        clients' timeouts (see "A stop during the start" in ``docs/runtime.md``)."""
         self.host.begin_stop()
+        if self._clients_cut is not None:  # their stop is then the stop steps' to do
+            self._clients_cut.reschedule(asyncio.get_running_loop().time())
         starting = self._start_ended
         if starting is None or starting.done():
             return
@@ -1558,3 +1582,17 @@ def _with_reason(exc: KafkaConnectionError, failure: ConnectFailure | None) -> K
         return exc
     text = failure.text + _CONNECT_HINTS.get(failure.kind, "")
     return KafkaConnectionError(f"{' '.join(map(str, exc.args))}: {text}")
+
+
+async def _all_or_none(starts: Sequence[Coroutine[Any, Any, None]]) -> None:
+    """Run ``starts`` together; the first failure (or a cancel) cancels the others and is
+    raised once every one has ended: a start left running would finish after its client
+    was stopped, or never end (a producer asking for its id while the broker is away)."""
+    running = [asyncio.ensure_future(start) for start in starts]
+    try:
+        await asyncio.gather(*running)
+    except BaseException:
+        for task in running:
+            task.cancel()
+        await asyncio.wait(running)  # (their failures are retrieved by the gather)
+        raise
