@@ -557,6 +557,7 @@ class TransactionalIdNotAuthorizedError(ProducerStartError, NotAuthorizedError):
 
 class StartStoppedError(StreamAssignError):
     """``stop()`` (or ``ProcessHost.begin_stop``) was called while ``App.start`` or
-    ``ProcessHost.start`` was under way: the start ends with it, once what it had started is
-    stopped, instead of waiting for a first assignment (for ever, while the broker is away).
+    ``ProcessHost.start`` was under way, or before it (an ``App`` cannot start again after
+    ``stop()``): the start ends with it instead of waiting for a first assignment or for its
+    clients' starts (for ever, while the broker is away); the stop closes what it made.
     ``App.run`` stopped so returns normally: the stop was asked for."""
