@@ -45,6 +45,8 @@ class Clients:
         self.hold: asyncio.Event | None = None
         self.held: Callable[[Any], bool] = lambda client: True
         self.failing: Callable[[Any], bool] = lambda client: False
+        self.unwind: asyncio.Event | None = None
+        self.cancelled: list[Any] = []
         self._starting: set[int] = set()
         self._stopping: set[int] = set()
         for cls in (AIOKafkaConsumer, AIOKafkaProducer):
@@ -58,12 +60,23 @@ class Clients:
                 if self.failing(client):
                     raise KafkaConnectionError("Unable to bootstrap from [('127.0.0.1', 1)]")
                 if self.hold is not None and self.held(client):
-                    await self.hold.wait()
+                    await self._held(client, self.hold)
             finally:
                 self._starting.discard(id(client))
             self.started.append(client)
 
         return start
+
+    async def _held(self, client: Any, hold: asyncio.Event) -> None:
+        """Wait for ``hold``; cancelled, first wait for ``unwind`` if set (a start whose
+        cleanup awaits)."""
+        try:
+            await hold.wait()
+        except asyncio.CancelledError:
+            self.cancelled.append(client)
+            if self.unwind is not None:
+                await self.unwind.wait()
+            raise
 
     def _stopper(self, stop: Callable[[Any], Awaitable[None]]) -> Callable[[Any], Any]:
         async def stopped(client: Any) -> None:
@@ -401,6 +414,71 @@ def test_a_client_start_that_fails_cancels_the_other_starts(
 
     asyncio.run(scenario())
     assert clients.started == [] and clients.stopped_starting == []
+    assert app._clients.producer is not None and app._clients.producer._closed
+
+
+async def loop_turns(count: int) -> None:
+    for _ in range(count):
+        await asyncio.sleep(0)
+
+
+def test_a_second_stop_while_the_first_one_s_cut_expires_stops_every_client(
+    tmp_path: Path, clients: Clients, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A first stop cancelled just after its cut of the clients' starts fired, while they
+    unwind: the second stop leaves the expiring cut alone (rescheduling it raises) and
+    stops every client once their starts have ended."""
+    Steps(monkeypatch)
+    clients.hold, clients.unwind = asyncio.Event(), asyncio.Event()  # hold: never set
+    app = make_app(tmp_path)
+
+    async def scenario() -> None:
+        starting = asyncio.ensure_future(app.start())
+        await until(lambda: len(clients._starting) == 3)
+        first = asyncio.ensure_future(app.stop())
+        await until(lambda: app._clients_cut is not None and app._clients_cut.expired())
+        first.cancel()
+        await asyncio.wait([first])
+        second = asyncio.ensure_future(app.stop())
+        await loop_turns(2)  # the second stop is under way: the starts still unwind
+        assert clients.unwind is not None and not second.done()
+        clients.unwind.set()
+        async with asyncio.timeout(DEADLINE):
+            await second
+        with pytest.raises(StartStoppedError):
+            starting.result()
+
+    asyncio.run(scenario())
+    made = [app._clients.restorer, app._clients.changelog_reader, app._clients.producer]
+    assert all(client is not None and client._closed for client in made)
+    assert clients.stopped_starting == []
+
+
+def test_a_stop_while_failed_starts_unwind_waits_for_them(
+    tmp_path: Path, clients: Clients, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The restore reader's start fails and the other starts, cancelled, still unwind when
+    a stop comes: the start still waits for them (the stop wins: ``StartStoppedError``), so
+    the stop stops no client that is still starting."""
+    Steps(monkeypatch)
+    app = make_app(tmp_path)
+    clients.hold, clients.unwind = asyncio.Event(), asyncio.Event()  # hold: never set
+    clients.failing = lambda client: client is app._clients.restorer
+
+    async def scenario() -> None:
+        starting = asyncio.ensure_future(app.start())
+        await until(lambda: len(clients.cancelled) == 2)
+        stopping = asyncio.ensure_future(app.stop())
+        await loop_turns(3)  # the stop's cut lands while the failed start waits
+        assert clients.unwind is not None and not starting.done()
+        clients.unwind.set()
+        async with asyncio.timeout(DEADLINE):
+            await stopping
+        with pytest.raises(StartStoppedError):
+            starting.result()
+
+    asyncio.run(scenario())
+    assert clients.stopped_starting == []
     assert app._clients.producer is not None and app._clients.producer._closed
 
 

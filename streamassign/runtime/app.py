@@ -643,8 +643,9 @@ class App:
         ``begin_stop`` ends the wait for the first assignment; each other step ends at its
         clients' timeouts (see "A stop during the start" in ``docs/runtime.md``)."""
         self.host.begin_stop()
-        if self._clients_cut is not None:  # their stop is then the stop steps' to do
-            self._clients_cut.reschedule(asyncio.get_running_loop().time())
+        cut = self._clients_cut
+        if cut is not None and not cut.expired():  # their stop is then the stop steps' to do
+            cut.reschedule(asyncio.get_running_loop().time())
         starting = self._start_ended
         if starting is None or starting.done():
             return
@@ -1591,8 +1592,16 @@ async def _all_or_none(starts: Sequence[Coroutine[Any, Any, None]]) -> None:
     running = [asyncio.ensure_future(start) for start in starts]
     try:
         await asyncio.gather(*running)
-    except BaseException:
+    except BaseException as failure:
         for task in running:
             task.cancel()
-        await asyncio.wait(running)  # (their failures are retrieved by the gather)
+        cancel: asyncio.CancelledError | None = None
+        while not all(task.done() for task in running):
+            try:
+                await asyncio.wait(running)  # (their failures are retrieved by the gather)
+            except asyncio.CancelledError as exc:  # a stop's cut or Ctrl-C: raised after
+                cancel = exc
+        if cancel is not None:  # the stop (or Ctrl-C) wins over the failure
+            log.debug("a client's start failed as the start was cut: %r", failure)
+            raise cancel from failure
         raise
