@@ -936,8 +936,10 @@ def log_tail(path: Path | str, lines: int = 60) -> str:
     return "\n".join(kept[-lines:])
 
 
-def _die_with_parent() -> Callable[[], None] | None:
-    """preexec_fn making the JVM get SIGKILL when this process dies (Linux prctl), else None."""
+def die_with_parent_preexec() -> Callable[[], None] | None:
+    """preexec_fn making the child (the JVM; the test suite's worker processes too) get
+    SIGKILL when this process dies (Linux prctl), else None. The kernel ties it to the
+    thread that forks: start the child from a thread that lives as long as this process."""
     if not sys.platform.startswith("linux"):
         return None
     import ctypes
@@ -1120,7 +1122,7 @@ def _launch(
             stderr=subprocess.STDOUT,
             cwd=root,
             start_new_session=True,  # terminal Ctrl-C goes to us; we stop the broker in order
-            preexec_fn=_die_with_parent() if die_with_parent else None,
+            preexec_fn=die_with_parent_preexec() if die_with_parent else None,
         )
     bootstrap = f"127.0.0.1:{broker_port}"
     info = BrokerInfo(

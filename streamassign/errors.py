@@ -553,3 +553,11 @@ class ProducerStartError(StreamAssignError):
 class TransactionalIdNotAuthorizedError(ProducerStartError, NotAuthorizedError):
     """Exactly once: a task's transactional producer cannot start, since the runtime's
     principal may not use its transactional id (WRITE on ``<application id>-<task>``)."""
+
+
+class StartStoppedError(StreamAssignError):
+    """``stop()`` (or ``ProcessHost.begin_stop``) was called while ``App.start`` or
+    ``ProcessHost.start`` was under way, or before it (an ``App`` cannot start again after
+    ``stop()``): the start ends with it instead of waiting for a first assignment or for its
+    clients' starts (for ever, while the broker is away); the stop closes what it made.
+    ``App.run`` stopped so returns normally: the stop was asked for."""

@@ -34,7 +34,7 @@ from aiokafka.coordinator.protocol import (
 
 from .. import TaskId, TopicPartition
 from ..assignment import ClientAssignment
-from ..errors import ConfigError, ErrorCode
+from ..errors import ConfigError, ErrorCode, StartStoppedError
 from ..ha import HighAvailabilityTaskAssignor
 from ..localstate import StateDirectory
 from ..protocol import (
@@ -64,7 +64,7 @@ from ..versions import (
     refused_subtopologies,
     subtopology_topic_indices,
 )
-from .closing import release_consumer, stop_within
+from .closing import release_consumer, retrieve_failure, stop_within
 from .rejoin import (
     MetadataWatch,
     Rejoiner,
@@ -718,6 +718,12 @@ class ProcessHost:
         #: Set by ``stop``: assignments that still arrive only take tasks away.
         self._stopping = False
         self._save_lock = asyncio.Lock()
+        #: Done when the ``start`` under way has ended (None: none began).
+        self._start_ended: asyncio.Future[None] | None = None
+        #: The first assignments ``start`` waits for (``begin_stop`` cancels the wait).
+        self._first_assignments: asyncio.Future[Any] | None = None
+        #: Done when the consumers' stop under way has ended (None: none is).
+        self._consumers_stopped: asyncio.Future[None] | None = None
 
     # -- state the protocol reports --------------------------------------------------------------
 
@@ -881,7 +887,25 @@ class ProcessHost:
         Subscribed before ``start``, aiokafka would first wait for every source topic to exist
         (re-fetching metadata every ``retry_backoff_ms``, logging each miss) and fail after
         ``request_timeout_ms`` without ever joining; subscribed after, a missing topic is the
-        leader's to report. A failed start stops the consumers it started."""
+        leader's to report. A failed start stops the consumers it started.
+
+        The first assignment has no deadline (the broker may be away for a while, as Kafka
+        Streams waits for it); ``begin_stop`` or ``stop`` during ``start`` ends it: it stops
+        the consumers it started and raises ``StartStoppedError``."""
+        if self._stopping:
+            if self._start_ended is None:
+                raise StartStoppedError("the process host was stopped before it started")
+            raise StartStoppedError(
+                "the process host was stopped and cannot start again: make a new one"
+            )
+        self._start_ended = asyncio.get_running_loop().create_future()
+        try:
+            await self._start_consumers()
+        finally:
+            self._start_ended.set_result(None)
+
+    async def _start_consumers(self) -> None:
+        """``start``'s steps: create and start the consumers, subscribe, wait to be assigned."""
         for assignor in self.assignors:
             consumer = AIOKafkaConsumer(
                 bootstrap_servers=self.bootstrap_servers,
@@ -901,14 +925,19 @@ class ProcessHost:
             for outcome in started:
                 if isinstance(outcome, BaseException):
                     raise outcome
+            self._raise_if_stopping("before its consumers joined the group")
             await self._subscribe()
         except BaseException:
             await self._stop_consumers()
             raise
 
+    def _raise_if_stopping(self, when: str) -> None:
+        if self._stopping:
+            raise StartStoppedError(f"the process host's start was stopped {when}")
+
     async def _subscribe(self) -> None:
         """Subscribe every started consumer to the source topics; wait for their first
-        assignments."""
+        assignments, or for ``begin_stop``."""
         topics = sorted(self.topology.source_topics)
         first: list[asyncio.Future[None]] = []
         for i, consumer in enumerate(self.consumers):
@@ -916,13 +945,38 @@ class ProcessHost:
             consumer.subscribe(topics, listener=_Listener(self, i))
             if waiter is not None:
                 first.append(waiter)
-        await asyncio.gather(*first)
+        assigned = self._first_assignments = asyncio.gather(*first)
+        # A cancelled gather ends with CancelledError as its failure (not as cancelled); when
+        # the task running start is cancelled, nobody looks at it again and asyncio would log
+        # it ("_GatheringFuture exception was never retrieved") once collected.
+        assigned.add_done_callback(retrieve_failure)
+        try:
+            # Waited on, not awaited: begin_stop cancels the gather, and that must end the
+            # wait, not look like a cancel of the task running start.
+            await asyncio.wait([assigned])
+        finally:
+            self._first_assignments = None
+            assigned.cancel()  # no-op once done; else this task was cancelled: stop waiting
+        if self._stopping:  # asked while waiting, or in the turn the last assignment came
+            failure = None if assigned.cancelled() else assigned.exception()
+            if failure is not None and not isinstance(failure, asyncio.CancelledError):
+                # The stop was asked for and wins; a coordinator failure is only noted.
+                log.debug("a consumer's first assignment failed as the host stopped: %r", failure)
+            raise StartStoppedError(
+                "the process host's start was stopped while its consumers waited for their "
+                "first assignment"
+            )
+        assigned.result()  # a consumer's group coordinator failed
 
     def begin_stop(self) -> None:
         """Mark the process as stopping (``stop`` does too): from now on an assignment only
         takes tasks away, and is not saved as the restarted process's claim. Call it first
-        when stopping takes a while before ``stop`` (grace, commits, closing stores)."""
+        when stopping takes a while before ``stop`` (grace, commits, closing stores). A
+        ``start`` under way ends (``StartStoppedError``) instead of waiting for its first
+        assignment."""
         self._stopping = True
+        if self._first_assignments is not None:
+            self._first_assignments.cancel()
 
     @property
     def stopping(self) -> bool:
@@ -930,20 +984,35 @@ class ProcessHost:
         return self._stopping
 
     async def stop(self) -> None:
+        """Stop the consumers (leaving the group) and close the state directory. A ``start``
+        under way is let end first (``begin_stop`` ends its wait for the first assignment;
+        its consumers' starts end at their client timeouts): it stops what it started, and
+        no consumer is stopped while it is still starting."""
         self.begin_stop()
+        if self._start_ended is not None and not self._start_ended.done():
+            await asyncio.wait([self._start_ended])
         await self._stop_consumers()
         self.state.close()
 
     async def _stop_consumers(self) -> None:
         """Cancel the assignors' timers (a probe, a retry, a metadata watch would otherwise
         act on closed consumers) and stop every consumer, together, each within
-        ``closing.CLOSE_TIMEOUT``."""
-        for assignor in self.assignors:
-            assignor.cancel_probe()
-            assignor.rejoiner.cancel()
-            assignor.metadata_watch.cancel()
-        await asyncio.gather(*(_stop_consumer(i, c) for i, c in enumerate(self.consumers)))
-        self.consumers.clear()
+        ``closing.CLOSE_TIMEOUT``. One at a time: a second caller (a failed start's cleanup
+        and ``stop``) waits for the stop under way, then stops what is left (nothing, unless
+        that stop was cancelled)."""
+        while self._consumers_stopped is not None:
+            await asyncio.wait([self._consumers_stopped])
+        self._consumers_stopped = asyncio.get_running_loop().create_future()
+        try:
+            for assignor in self.assignors:
+                assignor.cancel_probe()
+                assignor.rejoiner.cancel()
+                assignor.metadata_watch.cancel()
+            await asyncio.gather(*(_stop_consumer(i, c) for i, c in enumerate(self.consumers)))
+            self.consumers.clear()
+        finally:
+            self._consumers_stopped.set_result(None)
+            self._consumers_stopped = None
 
     async def request_shutdown(self) -> None:
         """Ask every process of the application to shut down (through the protocol)."""

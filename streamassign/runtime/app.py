@@ -54,6 +54,7 @@ from ..errors import (
     NotAuthorizedError,
     OutputWriteError,
     RuntimeConfigError,
+    StartStoppedError,
     StoreIOError,
     StoreNotOpenError,
     TransactionFailedError,
@@ -313,6 +314,14 @@ class App:
         self._cleaning: asyncio.Task[None] | None = None
         #: When ``stop()`` began (``time.monotonic()``), for its warnings.
         self._stop_began = 0.0
+        #: Whether ``stop()`` was called: a ``start()`` under way ends at its next step.
+        self._stop_asked = False
+        #: Done when the ``start()`` under way has ended (None: none began).
+        self._start_ended: asyncio.Future[None] | None = None
+        #: Done when the ``stop()`` under way has ended (None: none is).
+        self._stop_ended: asyncio.Future[bool] | None = None
+        #: The time limit (none) of the clients' starts, which ``stop()`` moves to now.
+        self._clients_cut: asyncio.Timeout | None = None
         #: Holds back aiokafka's repeated broker-away lines, start to stop (shared; None: off).
         self._broker_away_lines: BrokerAwayLines | None = None
 
@@ -385,7 +394,23 @@ class App:
     # -- lifecycle -------------------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Create internal topics, start the producer, the restore consumers and the host."""
+        """Create internal topics, start the producer, the restore consumers and the host.
+        ``stop()`` during it ends it with ``StartStoppedError``: at once while its clients
+        start or its consumers wait for their first assignment, else at its next step."""
+        if self._stop_asked:
+            if self._start_ended is None:
+                raise StartStoppedError("the application was stopped before it started")
+            raise StartStoppedError(
+                "the application was stopped and cannot start again: make a new App"
+            )
+        self._start_ended = asyncio.get_running_loop().create_future()
+        try:
+            await self._start_filtered()
+        finally:
+            self._start_ended.set_result(None)
+
+    async def _start_filtered(self) -> None:
+        """``start()`` under the broker-away line filter, failures worded."""
         if self._broker_away_lines is None:  # detached: stop()
             self._broker_away_lines = BrokerAwayLines.attach()
         try:
@@ -419,11 +444,16 @@ class App:
         if self.store_kind == "memory":  # checkpoints of a previous run describe nothing now
             self.state.delete_checkpoints()
         if self.end_offsets is not None:  # known before the first rebalance
+            self._raise_if_stop_asked("after creating the internal topics")
             self.end_offsets.track(changelog_partitions(self.topology, counts))
             await self.end_offsets.start(self.bootstrap_servers, self.connection_config)
+        self._raise_if_stop_asked("before making the producers")
         await self._make_producers()
+        self._raise_if_stop_asked("before starting the clients")
         await self._start_clients()
+        self._raise_if_stop_asked("before joining the group")
         await self._join_group()
+        self._raise_if_stop_asked("as it joined the group")  # (no await from here to the loops)
         log.info(
             "process %s started: %d consumer(s), %s stores, %d standby replica(s), %s",
             self.host.process_id,
@@ -439,6 +469,10 @@ class App:
         self._loops = [asyncio.create_task(loop) for loop in loops]
         if self._cleanup is not None:  # (fails never: a failed check is logged and retried)
             self._cleaning = asyncio.create_task(self._cleanup.run(self._stopped))
+
+    def _raise_if_stop_asked(self, when: str) -> None:
+        if self._stop_asked:
+            raise StartStoppedError(f"the application's start was stopped {when}")
 
     async def _make_producers(self) -> None:
         """The producers' configuration (batches capped below the written topics' limits)
@@ -501,7 +535,22 @@ class App:
         starts = [clients.restorer.start(), clients.changelog_reader.start()]
         if clients.producer is not None:
             starts.append(clients.producer.start())
-        await asyncio.gather(*starts)
+        # No time limit but the stop: the shared producer's start (idempotent) asks for its
+        # producer id for ever while the broker is away. stop() moves this limit to now,
+        # which cancels the starts (as TaskProducers.renew's time limit cancels a producer's
+        # start) and waits for them to end: none finishes after the stop.
+        cut = self._clients_cut = asyncio.timeout(None)
+        try:
+            async with cut:
+                await _all_or_none(starts)
+        except TimeoutError:
+            if not cut.expired():  # raised by a start itself
+                raise
+            raise StartStoppedError(
+                "the application's start was stopped while its clients started"
+            ) from None
+        finally:
+            self._clients_cut = None
 
     async def _join_group(self) -> None:
         """Start the host (its consumers join the group); a group the principal may not use
@@ -543,11 +592,16 @@ class App:
 
     async def run(self) -> None:
         """``start``, wait, ``stop``; re-raises what stopped the application, if anything.
-        A failed start is cleaned up too (producer, consumers, stores)."""
+        A failed start is cleaned up too (producer, consumers, stores). A ``stop()`` during
+        the start (a SIGTERM handler's) ends it, and ``run()`` returns once stopped."""
         self._in_run = True
         try:
             await self.start()  # (subclasses may override it)
             await self.wait()
+        except StartStoppedError:
+            if not self._stop_asked:  # raised by a subclass's start, not by a stop
+                raise
+            log.info("the start was stopped (stop() was called while starting)")
         finally:
             await self.stop()
         if self.failure is not None:
@@ -558,13 +612,45 @@ class App:
         Each step runs even if one before it failed: that failure is logged and kept as
         ``failure`` (unless there is one already), which ``run()`` raises. ``stop()`` itself
         raises none of them: a caller of ``start()`` and ``stop()`` checks ``failure``
-        after it (a commit at stop the broker refused, say)."""
+        after it (a commit at stop the broker refused, say).
+
+        Called while ``start()`` is under way, it first lets the start end (it raises
+        ``StartStoppedError`` at once while its clients start or it waits for the first
+        assignment, else at its next step), then stops whatever the start had made. A
+        second ``stop()`` while one is under way waits for that one (and runs, should that
+        one be cancelled)."""
+        while self._stop_ended is not None:
+            under_way = self._stop_ended
+            await asyncio.wait([under_way])
+            if under_way.result():
+                return
+        self._stop_ended = ended = asyncio.get_running_loop().create_future()
         self._stop_began = time.monotonic()
+        self._stop_asked = True
+        completed = False
         try:
+            await self._start_unwound()
             await self._stop_steps()
+            completed = True
         finally:  # even a cancelled stop: the filter must not outlive the App
             self._detach_broker_away_lines()
+            self._stop_ended = None
+            ended.set_result(completed)
         log.info("process %s stopped", self.host.process_id)
+
+    async def _start_unwound(self) -> None:
+        """Wait for a ``start()`` under way to end. The clients' starts are cancelled and
+        ``begin_stop`` ends the wait for the first assignment; each other step ends at its
+        clients' timeouts (see "A stop during the start" in ``docs/runtime.md``)."""
+        self.host.begin_stop()
+        cut = self._clients_cut
+        if cut is not None and not cut.expired():  # their stop is then the stop steps' to do
+            cut.reschedule(asyncio.get_running_loop().time())
+        starting = self._start_ended
+        if starting is None or starting.done():
+            return
+        log.info("stop() called while starting: waiting for the start to end")
+        await asyncio.wait([starting])
 
     def _detach_broker_away_lines(self) -> None:
         """Detaches the line filter (``start``), saying what it held back and not yet said."""
@@ -1497,3 +1583,25 @@ def _with_reason(exc: KafkaConnectionError, failure: ConnectFailure | None) -> K
         return exc
     text = failure.text + _CONNECT_HINTS.get(failure.kind, "")
     return KafkaConnectionError(f"{' '.join(map(str, exc.args))}: {text}")
+
+
+async def _all_or_none(starts: Sequence[Coroutine[Any, Any, None]]) -> None:
+    """Run ``starts`` together; the first failure (or a cancel) cancels the others and is
+    raised once every one has ended: a start left running would finish after its client
+    was stopped, or never end (a producer asking for its id while the broker is away)."""
+    running = [asyncio.ensure_future(start) for start in starts]
+    try:
+        await asyncio.gather(*running)
+    except BaseException as failure:
+        for task in running:
+            task.cancel()
+        cancel: asyncio.CancelledError | None = None
+        while not all(task.done() for task in running):
+            try:
+                await asyncio.wait(running)  # (their failures are retrieved by the gather)
+            except asyncio.CancelledError as exc:  # a stop's cut or Ctrl-C: raised after
+                cancel = exc
+        if cancel is not None:  # the stop (or Ctrl-C) wins over the failure
+            log.debug("a client's start failed as the start was cut: %r", failure)
+            raise cancel from failure
+        raise

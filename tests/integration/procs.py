@@ -14,11 +14,16 @@ import time
 from pathlib import Path
 from typing import Any
 
+from .conftest import kafka_script
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
 class JsonLinesProcess:
-    """A Python script run in its own process; ``lines`` holds every JSON line it printed."""
+    """A Python script run in its own process; ``lines`` holds every JSON line it printed.
+    On Linux the process gets SIGKILL when the test process dies (as the session broker
+    does): a worker killed with pytest, or busy starting when pytest was killed, never runs
+    on unattended."""
 
     def __init__(self, script: Path, args: list[str], log: Path | None = None) -> None:
         """``log``: a file for the script's stderr (its logs), else they are dropped."""
@@ -36,6 +41,7 @@ class JsonLinesProcess:
                 stderr=stderr,
                 text=True,
                 env=env,
+                preexec_fn=kafka_script().die_with_parent_preexec(),
             )
         threading.Thread(target=self._read, daemon=True).start()
 

@@ -51,6 +51,7 @@ from typing import Any
 
 from examples.orders_join.join import EnrichOrders, join_topology
 from streamassign import Subtopology, TaskId, TopicPartition, Topology
+from streamassign.errors import StartStoppedError
 from streamassign.runtime import App, QueryServer, Record, TaskContext
 
 
@@ -175,6 +176,27 @@ def preloaded_value(key: str) -> str:
     return f"1,{int(key.rsplit('-', 1)[1]) % 100}"
 
 
+async def start_unless_stopped(app: App, stop: asyncio.Event) -> bool:
+    """``app.start()``, raced against SIGTERM (``stop``): a SIGTERM while starting (its broker
+    gone, say, the start waiting for a first assignment) stops the app, which ends the
+    start; False then (stopped). A failed start is stopped too (what it started is closed,
+    as ``run()`` does), then raises."""
+    starting = asyncio.ensure_future(app.start())
+    signalled = asyncio.ensure_future(stop.wait())
+    await asyncio.wait([starting, signalled], return_when=asyncio.FIRST_COMPLETED)
+    signalled.cancel()
+    if starting.done():
+        if starting.exception() is not None:
+            await app.stop()
+        starting.result()
+        return True
+    emit(event="stopping", during="start", t=time.time())
+    await app.stop()
+    with contextlib.suppress(StartStoppedError):
+        await starting  # (it may have ended just before the stop asked: then stopped above)
+    return False
+
+
 def emit(**line: object) -> None:
     print(json.dumps(line), flush=True)
 
@@ -284,7 +306,11 @@ async def main() -> None:
     queries = QueryServer(app) if args.endpoint else None
     if queries is not None:  # up before the group's host maps name this process
         await queries.start()
-    await app.start()
+    if not await start_unless_stopped(app, stop):
+        if queries is not None:
+            await queries.stop()
+        emit(event="stopped", failure=repr(app.failure) if app.failure else None)
+        return
     reported = 0
     try:
         while not stop.is_set() and not app._stopped.is_set():
