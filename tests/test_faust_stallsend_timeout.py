@@ -22,7 +22,7 @@ from faust.transport.drivers import aiokafka as faust_aiokafka
 from streamassign.aiokafka.accumulator import gate_drains
 from streamassign.faust._stallhold import HeldSend, StallHold
 
-from .test_faust_stallhold import CHANGELOG, Worker, run
+from .test_faust_stallhold import CHANGELOG, Worker, released, run
 from .test_faust_stallsend import _drained
 
 CHANGELOG_TP = TopicPartition(CHANGELOG, 0)
@@ -186,3 +186,131 @@ def test_a_late_send_joins_ahead_of_the_sends_made_after_it() -> None:
     for at in (10.0, 12.0, 30.0):
         hold.hold_late(made(at))
     assert [held.began for held in hold.held] == [10.0, 12.0, 20.0, 21.0, 30.0]
+
+
+#: Faust's own send (the ``Worker`` puts a recording stand-in in its place).
+FAUST_SEND = faust_aiokafka.Producer.send
+
+
+class GivesUpAfterRelease:
+    """aiokafka's producer under Faust's real send: the first send of ``waits`` waits for
+    room until ``give_up`` ends it with aiokafka's timeout; what it took in, in order."""
+
+    def __init__(self, waits: bytes) -> None:
+        self.waits = waits
+        self.give_up: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.taken: list[bytes] = []
+        self.gave_up = False
+
+    async def send(self, topic: str, value: bytes, **_: Any) -> asyncio.Future[Any]:
+        if value == self.waits and not self.gave_up:
+            await self.give_up
+            self.gave_up = True
+            raise KafkaTimeoutError()
+        self.taken.append(value)
+        done = asyncio.get_running_loop().create_future()
+        done.set_result(SimpleNamespace(topic=topic, offset=len(self.taken) - 1))
+        return done
+
+
+def _faust_sends_to(worker: Worker, monkeypatch: pytest.MonkeyPatch, aiokafka: Any) -> list[Any]:
+    """Faust's real send into ``aiokafka``; the ``on_produce_message`` signals it sends."""
+    monkeypatch.setattr(faust_aiokafka.Producer, "send", FAUST_SEND)
+    worker.producer._producer = aiokafka
+    signalled: list[Any] = []
+
+    def on_produce_message(sender: Any, **message: Any) -> None:
+        signalled.append(message["value"])
+
+    worker.app.on_produce_message.connect(on_produce_message)
+    return signalled
+
+
+async def _held_then_released(worker: Worker, *, later: bytes | None) -> asyncio.Future[Any]:
+    """A send waits for room, a hold begins (``later`` sent and held meanwhile), and the
+    membership is proven: the release ends. The send, still waiting."""
+    worker.start()
+    waiting = asyncio.ensure_future(worker.send(CHANGELOG, b"early"))
+    for _ in range(3):
+        await asyncio.sleep(0)
+    worker.stall(10.0)
+    worker.look()  # the hold begins: the full batch stays in
+    if later is not None:
+        await worker.send(CHANGELOG, later)
+    assert await worker.heartbeat()
+    worker.look()
+    await asyncio.wait_for(released(worker.producer), 1.0)
+    assert not waiting.done()
+    return waiting
+
+
+def test_a_send_timing_out_as_a_release_ends_is_sent_again_once_signalled_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """aiokafka's wait ends by its timeout just after the hold let the batch go: the send was
+    never added, nothing of its partition went out after it (Faust's buffer awaits it), so
+    it goes out again instead of crashing Faust's buffer; Faust's ``on_produce_message``
+    is told of it once."""
+    worker = Worker(tmp_path, monkeypatch)
+
+    async def scenario() -> tuple[GivesUpAfterRelease, list[Any], Any]:
+        aiokafka = GivesUpAfterRelease(b"early")
+        signalled = _faust_sends_to(worker, monkeypatch, aiokafka)
+        waiting = await _held_then_released(worker, later=None)
+        aiokafka.give_up.set_result(None)
+        sent = await asyncio.wait_for(waiting, 1.0)
+        return aiokafka, signalled, await sent
+
+    with caplog.at_level(logging.INFO, logger="streamassign.faust"):
+        aiokafka, signalled, written = run(scenario())
+    assert aiokafka.taken == [b"early"] and written.offset == 0
+    assert signalled == [b"early"]
+    assert "kept back until" in caplog.text and "sent again" in caplog.text
+
+
+def test_a_send_timing_out_after_a_later_one_went_out_is_faust_s_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A send made after it (outside Faust's buffer) was released to aiokafka first: sent
+    again, the waiting one would land behind it, a key's stale value last. Faust's error."""
+    worker = Worker(tmp_path, monkeypatch)
+
+    async def scenario() -> list[bytes]:
+        aiokafka = GivesUpAfterRelease(b"early")
+        _faust_sends_to(worker, monkeypatch, aiokafka)
+        waiting = await _held_then_released(worker, later=b"later")
+        aiokafka.give_up.set_result(None)
+        with pytest.raises(ProducerSendError) as raised:
+            await asyncio.wait_for(waiting, 1.0)
+        assert isinstance(raised.value.__cause__, KafkaTimeoutError)
+        return aiokafka.taken
+
+    assert run(scenario()) == [b"later"]
+
+
+def test_a_send_held_after_it_timed_out_is_signalled_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Timed out during the hold, then released: Faust's send runs twice for it, its
+    ``on_produce_message`` once; a send held from the start is signalled at its release."""
+    worker = Worker(tmp_path, monkeypatch)
+
+    async def scenario() -> tuple[list[bytes], list[Any]]:
+        aiokafka = GivesUpAfterRelease(b"early")
+        signalled = _faust_sends_to(worker, monkeypatch, aiokafka)
+        worker.start()
+        waiting = asyncio.ensure_future(worker.send(CHANGELOG, b"early"))
+        for _ in range(3):
+            await asyncio.sleep(0)
+        worker.stall(10.0)
+        later = await worker.send(CHANGELOG, b"later")
+        aiokafka.give_up.set_result(None)
+        early = await asyncio.wait_for(waiting, 1.0)  # held
+        assert await worker.heartbeat()
+        worker.look()
+        await asyncio.wait_for(asyncio.gather(early, later), 1.0)
+        return aiokafka.taken, signalled
+
+    taken, signalled = run(scenario())
+    assert taken == [b"early", b"later"]
+    assert sorted(signalled) == [b"early", b"later"]

@@ -122,7 +122,8 @@ def test_a_worker_stopping_during_a_cut_drops_its_held_sends_and_stops_at_once(
     assert warnings[1].startswith(
         "this worker stops while its changelog sends are held (no heartbeat accepted for "
     )
-    assert "for 6.6 s, the membership 'm-1' unresolved" in warnings[1]  # the silence now
+    # the silence now: 6.5 s and the 0.05 s waited, more on a loaded machine
+    assert re.search(r"for 6\.[6-9] s, the membership 'm-1' unresolved", warnings[1])
     assert "dropped 1 held send(s) and 0 batch(es) aiokafka held, reset 0" in warnings[1]
     assert "no offset is committed from now on" in warnings[1]
 

@@ -60,7 +60,8 @@ silence hold begins is still in this host's buffers (the link is dead): its conn
 reset, discarding those bytes, and aiokafka hands its batches back to the gated accumulator.
 A send that found its partition's batch full waits in aiokafka for that batch to leave, which
 a hold keeps from happening: when aiokafka gives up (``producer_request_timeout``, 20 min in
-Faust) during a hold, the send joins the held sends rather than crash Faust's producer buffer.
+Faust) during a hold, the send joins the held sends rather than crash Faust's producer buffer
+(just after a hold ended, it is sent again once).
 Under exactly_once transactions fence the zombie, and with ``producer_threaded`` the sends
 leave on another thread: nothing is held there.
 """
@@ -69,6 +70,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextvars
 import functools
 import inspect
 import logging
@@ -112,11 +114,13 @@ SILENCE = "silence"
 @attrs.define(eq=False)
 class HeldSend:
     """A changelog send held: ``send()`` hands it to aiokafka; ``result`` is the future Faust
-    got in its place; ``began`` when Faust made it (the hold's clock)."""
+    got in its place; ``began`` when Faust made it (the hold's clock); ``signalled`` once
+    Faust's send ran for it (its ``on_produce_message`` sent: not again when sent again)."""
 
     send: Callable[[], Awaitable[Awaitable[Any]]]
     result: asyncio.Future[Any]
     began: float
+    signalled: bool = False
 
 
 @attrs.define(eq=False)
@@ -153,6 +157,12 @@ class StallHold:
     #: How many times a membership was lost (``lose()``): changelog sends may have been
     #: dropped since a count the consumer noted (its acknowledged offsets are then forgotten).
     losses: int = 0
+    #: When the last hold ended (released or dropped): a send that began waiting in aiokafka
+    #: before it had its batch kept back for part of aiokafka's time (``_send_or_hold``).
+    ended_at: float = float("-inf")
+    #: The latest ``began`` of a changelog send handed to aiokafka (``_faust_send``): one sent
+    #: again after a later one was handed out would land behind it (a key's stale value).
+    latest_handed: float = float("-inf")
     #: The sends held, in order (a deque: a release after a long cut hands out thousands).
     held: collections.deque[HeldSend] = attrs.field(factory=collections.deque)
     #: The latest send time of a heartbeat the broker accepted, its member id then listed
@@ -239,7 +249,7 @@ class StallHold:
     def end(self, now: float) -> list[HeldSend]:
         """End the hold; the sends it held, in order. ``now`` is the next gap's start."""
         held, self.held = list(self.held), collections.deque()
-        self.since, self.releasing, self.stamp = None, False, now
+        self.since, self.releasing, self.stamp, self.ended_at = None, False, now, now
         self.told = self.told_long = False
         since = self.heartbeats.routine_since
         if since is not None:  # a silence counts afresh (a release on a timer)
@@ -289,13 +299,18 @@ class _Stopping:
 
 
 async def _stop_producer_within(
-    producer: Any, stop: Callable[[], Awaitable[None]], refuse_commits: Callable[[], None]
+    producer: Any,
+    stop: Callable[[], Awaitable[None]],
+    refuse_commits: Callable[[], None],
+    releasing: asyncio.Task[None] | None = None,
 ) -> None:
     """aiokafka's ``stop`` of the worker's ``producer`` within ``closing.CLOSE_TIMEOUT``, as the
     runtime's producers stop; cut, commits are refused (a commit still waiting on a flush
     would pass the writes failed next) and the batches it holds are failed, nothing of them
     sent later. The partitions' next owner writes them again. Faust logs one WARNING per
-    failed write (``_on_published error``): held back and counted in one line instead."""
+    failed write (``_on_published error``): held back and counted in one line instead, with
+    those of a hold's release under way (``releasing``, which fails them in turn once
+    aiokafka's are failed)."""
     consequence = "its writes not yet acknowledged are abandoned (their events are not committed)"
     if not await stop_within(PRODUCER_NAME, _Stopping(stop), consequence, log):
         refuse_commits()
@@ -304,11 +319,17 @@ async def _stop_producer_within(
         faust_topics_log.addFilter(abandoned_writes)
         try:
             await release_producer(PRODUCER_NAME, producer, log)
+            if releasing is not None:  # each send left to it now fails at once
+                await asyncio.wait({releasing}, timeout=RELEASE_ENDING)
             await abandoned_writes.all_told()
         finally:
             faust_topics_log.removeFilter(abandoned_writes)
         abandoned_writes.tell()
 
+
+#: Seconds a cut producer stop waits for a hold's release under way to hand out the rest
+#: of its sends, each failed at once by the released producer (a loop turn for them all).
+RELEASE_ENDING = 1.0
 
 #: The worker's producer, as its stop's lines name it.
 PRODUCER_NAME = "the worker's producer"
@@ -316,9 +337,11 @@ PRODUCER_NAME = "the worker's producer"
 #: Once the stop's deadline has passed, how long a flush or commit of the stop still waits
 #: for its answer, from when it saw the stop, while no commit was refused (a cut wait or a
 #: dropped hold refuses them; ``StallHoldProducer._stop_wait_left``): a broker answering
-#: within it is not refused. A stop cut off from its start lasts at most this much longer
-#: than ``closing.CLOSE_TIMEOUT``; one whose waits were answered past the deadline until the
-#: cut, a grace per wait.
+#: within it is not refused, and the stop goes on. The first wait cut refuses commits, and
+#: every later one ends at once: past its deadline a stop waits at most this long for an
+#: answer that does not come (a stop cut off from its start ends its flushes and commits
+#: this long after ``closing.CLOSE_TIMEOUT``; one answered past its deadline, this long
+#: after the start of the first wait left unanswered).
 STOP_GRACE = 1.0
 
 
@@ -390,11 +413,30 @@ _ON_PUBLISHED_ABANDONED = re.compile(
 )
 
 
+#: Set while a send made before is sent again (``_faust_send``): in that task only.
+_SENT_AGAIN: contextvars.ContextVar[bool] = contextvars.ContextVar("sent_again", default=False)
+
+
+@attrs.frozen
+class _SignalOnce:
+    """Faust's ``on_produce_message`` signal, not sent for a send made before and sent again
+    (its message was signalled at its first try)."""
+
+    signal: Callable[..., Any]
+
+    def __call__(self, **message: Any) -> None:
+        if not _SENT_AGAIN.get():
+            self.signal(**message)
+
+
 class StallHoldProducer(faust_aiokafka.Producer):
     """Faust's aiokafka producer, whose changelog sends a stall holds (the module docstring)."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        signal = getattr(self, "_send_on_produce_message", None)
+        if signal is not None:  # Faust's send tells it (0.12-0.15); else nothing to skip
+            self._send_on_produce_message = _SignalOnce(signal)
         conf = self.app.conf
         session = float(conf.broker_session_timeout)
         heartbeat = float(conf.broker_heartbeat_interval)
@@ -492,7 +534,11 @@ class StallHoldProducer(faust_aiokafka.Producer):
             # Faust's stop below stops aiokafka's producer, which waits for every batch it
             # holds to be acknowledged: during a network cut, until the heal.
             producer.stop = functools.partial(
-                _stop_producer_within, producer, producer.stop, self._refuse_commits
+                _stop_producer_within,
+                producer,
+                producer.stop,
+                self._refuse_commits,
+                self._stall_releasing,  # no release starts after this: the tick is off
             )
         await super().on_stop()
 
@@ -535,30 +581,71 @@ class StallHoldProducer(faust_aiokafka.Producer):
         """Hand a changelog send to aiokafka now. Should it find its partition's batch full,
         aiokafka waits for that batch to leave, at most Faust's ``producer_request_timeout``
         (20 min), then raises KafkaTimeoutError, which would crash Faust's producer buffer:
-        a hold keeps the batch in for as long as a cut lasts. Timed out during a hold, the
-        send (not in aiokafka: no room) joins the held sends, or is dropped with the lost
-        membership's; any other error, or one outside a hold, reaches Faust."""
+        a hold keeps the batch in for as long as a cut lasts. Timed out (the send is not in
+        aiokafka: no room) during a hold, it joins the held sends, or is dropped with the
+        lost membership's; timed out after a hold that ended while it waited (its batch
+        let go as its time ran out), it is sent again, once, unless a changelog send made
+        after it went out meanwhile (``_may_send_again``). Any other error, or a timeout with
+        no hold in its wait, reaches Faust."""
+        retried = False
+        while True:
+            try:
+                return await self._faust_send(item)
+            except ProducerSendError as exc:
+                if not isinstance(exc.__cause__, KafkaTimeoutError):
+                    raise
+                if self._stall_dropping():
+                    self.stall_hold.dropped_since_lost += 1
+                    return item.result
+                now = self.clock()
+                if self.stall_hold.check(now):
+                    self._hold_late(item, now, exc.__cause__)
+                    return item.result
+                if retried or not self._may_send_again(item):
+                    raise
+                retried = True
+                log.info(
+                    "a changelog send waited %.1f s in aiokafka for room in a batch a hold kept "
+                    "back until %.1f s ago (aiokafka gave up: %r): sent again",
+                    now - item.began,
+                    now - self.stall_hold.ended_at,
+                    exc.__cause__,
+                )
+
+    def _may_send_again(self, item: HeldSend) -> bool:
+        """Whether ``item``, timed out in aiokafka with no hold on now, goes out again: a hold
+        ended after it began (kept its batch back for part of aiokafka's time), and no
+        changelog send made after it was handed to aiokafka meanwhile, so it keeps its
+        place among its key's writes. Faust's producer buffer sends the changelog writes
+        one at a time, each awaited: while one waits, no later one is handed out."""
+        hold = self.stall_hold
+        return hold.ended_at >= item.began and hold.latest_handed <= item.began
+
+    def _hold_late(self, item: HeldSend, now: float, why: BaseException) -> None:
+        hold = self.stall_hold
+        hold.hold_late(item)
+        log.warning(
+            "a changelog send waited %.1f s in aiokafka for room in a batch held back since "
+            "%.1f s ago (aiokafka gave up: %r): it is held with the rest",
+            now - item.began,
+            now - (hold.since or now),
+            why,
+        )
+
+    async def _faust_send(self, item: HeldSend) -> Awaitable[Any]:
+        """Faust's send of ``item``; sent again (it timed out waiting in aiokafka, never
+        added), without Faust's ``on_produce_message`` signal a second time (``_SignalOnce``:
+        a handler may count or trace each message)."""
+        hold = self.stall_hold
+        hold.latest_handed = max(hold.latest_handed, item.began)
+        if not item.signalled:
+            item.signalled = True
+            return await item.send()
+        token = _SENT_AGAIN.set(True)
         try:
             return await item.send()
-        except ProducerSendError as exc:
-            hold = self.stall_hold
-            if not isinstance(exc.__cause__, KafkaTimeoutError):
-                raise
-            if self._stall_dropping():
-                hold.dropped_since_lost += 1
-                return item.result
-            now = self.clock()
-            if not hold.check(now):
-                raise
-            hold.hold_late(item)
-            log.warning(
-                "a changelog send waited %.1f s in aiokafka for room in a batch held back "
-                "since %.1f s ago (aiokafka gave up: %r): it is held with the rest",
-                now - item.began,
-                now - (hold.since or now),
-                exc.__cause__,
-            )
-            return item.result
+        finally:
+            _SENT_AGAIN.reset(token)
 
     def _aiokafka_consumer(self) -> Any:
         return aiokafka_consumer(self.app)
@@ -655,7 +742,7 @@ class StallHoldProducer(faust_aiokafka.Producer):
         deadline by a stop still draining (Faust's ``wait_empty`` commits about once a
         second until its agents are done) is cut only if it got no answer in that time.
         Once a commit was refused, nothing later is committed: its waits end at the
-        deadline (a stop cut off from its start lasts at most ``STOP_GRACE`` longer)."""
+        deadline, so one wait at most is given the grace and left unanswered."""
         now = time.monotonic()
         if self._stop_deadline is None:
             self._stop_deadline = now + closing.CLOSE_TIMEOUT
@@ -917,7 +1004,7 @@ class StallHoldProducer(faust_aiokafka.Producer):
                 item = hold.held.popleft()
                 released += 1
                 try:
-                    sent = asyncio.ensure_future(await item.send())
+                    sent = asyncio.ensure_future(await self._faust_send(item))
                 except Exception as exc:  # Faust's own path would end its buffer's task
                     if not item.result.done():  # cancelled by Faust meanwhile
                         item.result.set_exception(exc)
