@@ -20,6 +20,7 @@ from faust.exceptions import ProducerSendError
 from faust.transport.drivers import aiokafka as faust_aiokafka
 
 from streamassign.aiokafka.accumulator import gate_drains
+from streamassign.faust import _stallhold
 from streamassign.faust._stallhold import HeldSend, StallHold
 
 from .test_faust_stallhold import CHANGELOG, Worker, released, run
@@ -314,3 +315,49 @@ def test_a_send_held_after_it_timed_out_is_signalled_once(
     taken, signalled = run(scenario())
     assert taken == [b"early", b"later"]
     assert sorted(signalled) == [b"early", b"later"]
+
+
+def test_faust_s_buffer_full_lines_during_a_hold_are_folded_into_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Faust's buffer logs ``producer buffer full size N`` once per event while its send
+    waits for room in a batch the hold keeps back: the first passes, the rest are counted in
+    one line once the hold ended; outside a hold every one passes."""
+    worker = Worker(tmp_path, monkeypatch)
+    faust_producer_log = logging.getLogger(_stallhold.FAUST_PRODUCER_LOG)
+
+    def buffer_full(size: int) -> None:  # as Faust's ``wait_until_ebb`` logs
+        faust_producer_log.warning(f"producer buffer full size {size}")
+        faust_producer_log.info("producer flush took 0.1")
+
+    async def scenario() -> None:
+        worker.start()
+        worker.stall(10.0)
+        worker.look()  # the hold begins
+        for size in range(1001, 1501):
+            buffer_full(size)
+        assert await worker.heartbeat()
+        worker.look()  # released
+        await asyncio.wait_for(released(worker.producer), 1.0)
+        worker.look()  # the next tick tells
+        buffer_full(1002)  # no hold: Faust's
+
+    faust_producer_log.addFilter(worker.producer._buffer_full)  # as the producer's start does
+    try:
+        with caplog.at_level(logging.INFO):
+            run(scenario())
+    finally:
+        faust_producer_log.removeFilter(worker.producer._buffer_full)
+    faust_said = [r.getMessage() for r in caplog.records if r.name == faust_producer_log.name]
+    assert faust_said == [
+        "producer buffer full size 1001",
+        "producer flush took 0.1",
+        "producer buffer full size 1002",
+        "producer flush took 0.1",
+    ]
+    told = [r.getMessage() for r in caplog.records if "was full" in r.getMessage()]
+    assert told == [
+        "Faust's producer buffer was full 500 times during the hold (up to 1500 messages: its "
+        'changelog send waited for room): its "producer buffer full" WARNING after the first '
+        "was not logged"
+    ]
