@@ -272,7 +272,7 @@ def test_held_sends_a_release_still_hands_out_at_the_cut_stop_are_counted_too(
             result = asyncio.get_running_loop().create_future()
             messages.append(told_to_faust(worker, CHANGELOG, result))
             send = functools.partial(accumulator.add_message, tp, b"k", full, 5.0)
-            hold.held.append(_stallhold.HeldSend(send, result, 0.0))
+            hold.held.append(_stallhold.HeldSend(send, result, 0.0, hold.number()))
         releasing = asyncio.ensure_future(worker.producer._stall_release(0.0))
         for _ in range(5):
             await asyncio.sleep(0)

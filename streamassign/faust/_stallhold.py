@@ -61,7 +61,7 @@ reset, discarding those bytes, and aiokafka hands its batches back to the gated 
 A send that found its partition's batch full waits in aiokafka for that batch to leave, which
 a hold keeps from happening: when aiokafka gives up (``producer_request_timeout``, 20 min in
 Faust) during a hold, the send joins the held sends rather than crash Faust's producer buffer
-(just after a hold ended, it is sent again once).
+(timed out as a release let its batch go, it is sent again once).
 Under exactly_once transactions fence the zombie, and with ``producer_threaded`` the sends
 leave on another thread: nothing is held there.
 """
@@ -114,12 +114,15 @@ SILENCE = "silence"
 @attrs.define(eq=False)
 class HeldSend:
     """A changelog send held: ``send()`` hands it to aiokafka; ``result`` is the future Faust
-    got in its place; ``began`` when Faust made it (the hold's clock); ``signalled`` once
-    Faust's send ran for it (its ``on_produce_message`` sent: not again when sent again)."""
+    got in its place; ``began`` when Faust made it (the hold's clock); ``number`` its place
+    among the changelog sends made (``StallHold.number``: a clock may read the same twice);
+    ``signalled`` once Faust's send ran for it (its ``on_produce_message`` sent: not again
+    when sent again)."""
 
     send: Callable[[], Awaitable[Awaitable[Any]]]
     result: asyncio.Future[Any]
     began: float
+    number: int
     signalled: bool = False
 
 
@@ -157,12 +160,17 @@ class StallHold:
     #: How many times a membership was lost (``lose()``): changelog sends may have been
     #: dropped since a count the consumer noted (its acknowledged offsets are then forgotten).
     losses: int = 0
-    #: When the last hold ended (released or dropped): a send that began waiting in aiokafka
-    #: before it had its batch kept back for part of aiokafka's time (``_send_or_hold``).
-    ended_at: float = float("-inf")
-    #: The latest ``began`` of a changelog send handed to aiokafka (``_faust_send``): one sent
-    #: again after a later one was handed out would land behind it (a key's stale value).
-    latest_handed: float = float("-inf")
+    #: When the last release of held sends ended (``_stall_release``; not a drop): a send
+    #: timing out in aiokafka then had its batch kept back until that moment
+    #: (``_send_or_hold``).
+    released_at: float = float("-inf")
+    #: Holds begun so far (the current one's number, while one is on).
+    holds: int = 0
+    #: Changelog sends made so far (``number``: each send's ``HeldSend.number``).
+    made: int = 0
+    #: The ``number`` of the latest changelog send handed to aiokafka (``_faust_send``): one
+    #: sent again after a later one was handed out would land behind it (a stale value).
+    latest_handed: int = 0
     #: The sends held, in order (a deque: a release after a long cut hands out thousands).
     held: collections.deque[HeldSend] = attrs.field(factory=collections.deque)
     #: The latest send time of a heartbeat the broker accepted, its member id then listed
@@ -202,6 +210,7 @@ class StallHold:
             else:
                 return False
             self.since, self.held_as = now, self.stamped_as
+            self.holds += 1
         return True
 
     def membership_ended(self, member: str | None) -> bool:
@@ -240,16 +249,21 @@ class StallHold:
             return RELEASED
         return None
 
+    def number(self) -> int:
+        """The next changelog send's ``HeldSend.number``."""
+        self.made += 1
+        return self.made
+
     def hold_late(self, late: HeldSend) -> None:
         """Hold ``late``, a send made before sends held already (it waited in aiokafka): it
         goes out ahead of those made after it, so a key's writes keep their order."""
-        after = next((i for i, held in enumerate(self.held) if held.began > late.began), None)
+        after = next((i for i, held in enumerate(self.held) if held.number > late.number), None)
         self.held.insert(len(self.held) if after is None else after, late)
 
     def end(self, now: float) -> list[HeldSend]:
         """End the hold; the sends it held, in order. ``now`` is the next gap's start."""
         held, self.held = list(self.held), collections.deque()
-        self.since, self.releasing, self.stamp, self.ended_at = None, False, now, now
+        self.since, self.releasing, self.stamp = None, False, now
         self.told = self.told_long = False
         since = self.heartbeats.routine_since
         if since is not None:  # a silence counts afresh (a release on a timer)
@@ -330,9 +344,6 @@ async def _stop_producer_within(
 #: Seconds a cut producer stop waits for a hold's release under way to hand out the rest
 #: of its sends, each failed at once by the released producer (a loop turn for them all).
 RELEASE_ENDING = 1.0
-
-#: Faust's producer buffer's logger (``faust/transport/producer.py``).
-FAUST_PRODUCER_LOG = "faust.transport.producer"
 
 #: The worker's producer, as its stop's lines name it.
 PRODUCER_NAME = "the worker's producer"
@@ -417,43 +428,24 @@ _ON_PUBLISHED_ABANDONED = re.compile(
 
 
 @attrs.define(eq=False)
-class _BufferFullLines:
-    """A filter of Faust's ``faust.transport.producer`` log while ``hold`` is on. Faust's
-    buffer logs ``producer buffer full size N`` (WARNING) and ``producer flush took S``
-    (INFO) once per event while its one sending task waits in aiokafka for room in a batch
-    the hold keeps back, up to ``producer_request_timeout``: hundreds of lines a minute
-    (8,085 in a measured 21-minute cut). The first of each passes; the rest are counted,
-    and told in one line once the hold ended (``tell``)."""
+class _BufferFullCount:
+    """How often Faust's producer buffer was full during hold number ``hold``
+    (``StallHold.holds``), and the most messages it held then (``_wait_until_ebb``)."""
 
-    hold: StallHold
-    full: int = 0
+    hold: int = 0
+    times: int = 0
     largest: int = 0
-    flushes: int = 0
-
-    def __call__(self, record: logging.LogRecord) -> bool:
-        if not self.hold.holding:
-            return True
-        message = record.getMessage()
-        if message.startswith("producer buffer full size "):
-            self.full += 1
-            size = message.rsplit(" ", 1)[-1]
-            self.largest = max(self.largest, int(size) if size.isdigit() else 0)
-            return self.full == 1
-        if message.startswith("producer flush took "):
-            self.flushes += 1
-            return self.flushes == 1
-        return True
 
     def tell(self) -> None:
-        if self.full > 1:
+        if self.times > 1:
             log.warning(
                 "Faust's producer buffer was full %d times during the hold (up to %d "
                 'messages: its changelog send waited for room): its "producer buffer full" '
-                "WARNING after the first was not logged",
-                self.full,
+                'WARNING and "producer flush took" INFO after the first were not logged',
+                self.times,
                 self.largest,
             )
-        self.full = self.largest = self.flushes = 0
+        self.times = self.largest = 0
 
 
 #: Set while a send made before is sent again (``_faust_send``): in that task only.
@@ -474,6 +466,14 @@ class _SignalOnce:
 
 class StallHoldProducer(faust_aiokafka.Producer):
     """Faust's aiokafka producer, whose changelog sends a stall holds (the module docstring)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # This producer's own buffer (Faust's conductor reads it at each assignment): no
+        # filter on Faust's process-wide logger, which every app of the process logs to.
+        ebb = getattr(self, "buffer", None)
+        if ebb is not None and hasattr(ebb, "wait_until_ebb"):
+            ebb.wait_until_ebb = functools.partial(self._wait_until_ebb, ebb.wait_until_ebb)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -504,8 +504,31 @@ class StallHoldProducer(faust_aiokafka.Producer):
         self._stall_gated = False
         #: The hold's clock, also of the heartbeats' stamps (a test's stand-in).
         self.clock: Callable[[], float] = time.monotonic
-        #: Faust's buffer-full lines during a hold, folded (on while the hold's tick runs).
-        self._buffer_full = _BufferFullLines(self.stall_hold)
+        #: Faust's buffer full during the latest hold (``_wait_until_ebb``).
+        self._buffer_full = _BufferFullCount()
+
+    async def _wait_until_ebb(self, faust_s: Callable[[], Awaitable[None]]) -> None:
+        """Faust's buffer's ``wait_until_ebb`` (``faust_s``), which logs ``producer buffer
+        full size N`` (WARNING) and ``producer flush took S`` (INFO) each time it waits: once
+        per event while its one sending task waits in aiokafka for room in a batch a hold
+        keeps back, up to ``producer_request_timeout`` (8,085 lines in a measured 21-minute
+        cut). During a hold the first time is Faust's; later ones wait the same, silently,
+        counted in one WARNING once the hold ended (``_BufferFullCount.tell``)."""
+        buffer, hold = self.buffer, self.stall_hold
+        size = buffer.size
+        if not hold.holding or size <= buffer.max_messages:
+            await faust_s()
+            return
+        full = self._buffer_full
+        if full.hold != hold.holds:  # this hold's first: the last one's count is told
+            full.tell()
+            full.hold = hold.holds
+        full.times += 1
+        full.largest = max(full.largest, size)
+        if full.times == 1:
+            await faust_s()
+        else:
+            await buffer.flush_atmost(buffer.max_messages)
 
     def _holds_stalls(self) -> bool:
         return not exactly_once(self.app) and not self.app.conf.producer_threaded
@@ -529,7 +552,6 @@ class StallHoldProducer(faust_aiokafka.Producer):
         if self._holds_stalls():
             self._stall_timer = self.loop.call_later(TICK, self._stall_tick)
             self._stall_gate(self._producer)
-            logging.getLogger(FAUST_PRODUCER_LOG).addFilter(self._buffer_full)
 
     def _stall_gate(self, producer: Any) -> None:
         """Let the hold decide what aiokafka's ``producer`` sends of the changelog: each drain
@@ -575,7 +597,6 @@ class StallHoldProducer(faust_aiokafka.Producer):
             timer.cancel()
         if self.stall_hold.holding and not self.stall_hold.releasing:
             self._stall_stopped(self.clock())
-        logging.getLogger(FAUST_PRODUCER_LOG).removeFilter(self._buffer_full)
         self._buffer_full.tell()
         producer = self._producer
         if producer is not None and self._holds_stalls():
@@ -620,9 +641,10 @@ class StallHoldProducer(faust_aiokafka.Producer):
             hold.dropped_since_lost += 1  # dropped at once: a flush does not wait for it
             return result
         now = self.clock()
+        item = HeldSend(send, result, now, hold.number())
         if not hold.check(now):
-            return await self._send_or_hold(HeldSend(send, result, now))
-        hold.held.append(HeldSend(send, result, now))
+            return await self._send_or_hold(item)
+        hold.held.append(item)
         return result
 
     async def _send_or_hold(self, item: HeldSend) -> Awaitable[Any]:
@@ -631,10 +653,10 @@ class StallHoldProducer(faust_aiokafka.Producer):
         (20 min), then raises KafkaTimeoutError, which would crash Faust's producer buffer:
         a hold keeps the batch in for as long as a cut lasts. Timed out (the send is not in
         aiokafka: no room) during a hold, it joins the held sends, or is dropped with the
-        lost membership's; timed out after a hold that ended while it waited (its batch
-        let go as its time ran out), it is sent again, once, unless a changelog send made
-        after it went out meanwhile (``_may_send_again``). Any other error, or a timeout with
-        no hold in its wait, reaches Faust."""
+        lost membership's; timed out within a tick of a release (its batch let go as its
+        time ran out), it is sent again, once, unless a changelog send made after it went
+        out meanwhile (``_may_send_again``). Any other error, or any other timeout, reaches
+        Faust."""
         retried = False
         while True:
             try:
@@ -649,25 +671,28 @@ class StallHoldProducer(faust_aiokafka.Producer):
                 if self.stall_hold.check(now):
                     self._hold_late(item, now, exc.__cause__)
                     return item.result
-                if retried or not self._may_send_again(item):
+                if retried or not self._may_send_again(item, now):
                     raise
                 retried = True
                 log.info(
                     "a changelog send waited %.1f s in aiokafka for room in a batch a hold kept "
                     "back until %.1f s ago (aiokafka gave up: %r): sent again",
                     now - item.began,
-                    now - self.stall_hold.ended_at,
+                    now - self.stall_hold.released_at,
                     exc.__cause__,
                 )
 
-    def _may_send_again(self, item: HeldSend) -> bool:
-        """Whether ``item``, timed out in aiokafka with no hold on now, goes out again: a hold
-        ended after it began (kept its batch back for part of aiokafka's time), and no
-        changelog send made after it was handed to aiokafka meanwhile, so it keeps its
-        place among its key's writes. Faust's producer buffer sends the changelog writes
-        one at a time, each awaited: while one waits, no later one is handed out."""
+    def _may_send_again(self, item: HeldSend, now: float) -> bool:
+        """Whether ``item``, timed out in aiokafka at ``now`` with no hold on, goes out again:
+        a release ended after it began and at most a tick before ``now`` (aiokafka's time ran
+        out as the hold let its batch go; a send still timing out later waited for something
+        else, a partition leader away, and Faust's error stands), and no changelog send made
+        after it was handed to aiokafka meanwhile, so it keeps its place among its key's
+        writes. Faust's producer buffer sends the changelog writes one at a time, each
+        awaited: while one waits, no later one is handed out."""
         hold = self.stall_hold
-        return hold.ended_at >= item.began and hold.latest_handed <= item.began
+        released = item.began <= hold.released_at and now - hold.released_at <= TICK
+        return released and hold.latest_handed <= item.number
 
     def _hold_late(self, item: HeldSend, now: float, why: BaseException) -> None:
         hold = self.stall_hold
@@ -685,7 +710,7 @@ class StallHoldProducer(faust_aiokafka.Producer):
         added), without Faust's ``on_produce_message`` signal a second time (``_SignalOnce``:
         a handler may count or trace each message)."""
         hold = self.stall_hold
-        hold.latest_handed = max(hold.latest_handed, item.began)
+        hold.latest_handed = max(hold.latest_handed, item.number)
         if not item.signalled:
             item.signalled = True
             return await item.send()
@@ -1061,7 +1086,8 @@ class StallHoldProducer(faust_aiokafka.Producer):
                 else:
                     sent.add_done_callback(functools.partial(_settle, outer=item.result))
         finally:
-            hold.end(self.clock())
+            hold.released_at = self.clock()
+            hold.end(hold.released_at)
             if self._stall_gated:
                 wake_sender(self._accumulator())
         log.log(
