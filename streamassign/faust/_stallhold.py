@@ -351,11 +351,11 @@ PRODUCER_NAME = "the worker's producer"
 #: Once the stop's deadline has passed, how long a flush or commit of the stop still waits
 #: for its answer, from when it saw the stop, while no commit was refused (a cut wait or a
 #: dropped hold refuses them; ``StallHoldProducer._stop_wait_left``): a broker answering
-#: within it is not refused, and the stop goes on. The first wait cut refuses commits, and
-#: every later one ends at once: past its deadline a stop waits at most this long for an
-#: answer that does not come (a stop cut off from its start ends its flushes and commits
-#: this long after ``closing.CLOSE_TIMEOUT``; one answered past its deadline, this long
-#: after the start of the first wait left unanswered).
+#: within it is not refused, and the stop goes on. The first wait cut refuses commits, and a
+#: wait begun after that ends at once (one under way keeps its grace): a stop cut off from its
+#: start ends its flushes and commits this long after ``closing.CLOSE_TIMEOUT``; one answered
+#: past its deadline, this long after the last wait begun before the first cut (twice this
+#: after the first unanswered one began, should a flush and a commit overlap).
 STOP_GRACE = 1.0
 
 
@@ -814,8 +814,8 @@ class StallHoldProducer(faust_aiokafka.Producer):
         to ``STOP_GRACE`` after ``saw_stop`` if that is later: a wait begun near or past the
         deadline by a stop still draining (Faust's ``wait_empty`` commits about once a
         second until its agents are done) is cut only if it got no answer in that time.
-        Once a commit was refused, nothing later is committed: its waits end at the
-        deadline, so one wait at most is given the grace and left unanswered."""
+        Once a commit was refused, nothing later is committed: a wait begun then ends at the
+        deadline (one under way keeps the grace it was given)."""
         now = time.monotonic()
         if self._stop_deadline is None:
             self._stop_deadline = now + closing.CLOSE_TIMEOUT
