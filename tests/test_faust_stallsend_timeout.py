@@ -6,8 +6,11 @@ aiokafka's real accumulator, with Faust's send reduced to what it does around it
 
 from __future__ import annotations
 
+import ast
 import asyncio
+import inspect
 import logging
+import textwrap
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -19,6 +22,7 @@ from aiokafka.producer.message_accumulator import MessageAccumulator
 from aiokafka.structs import TopicPartition
 from faust.exceptions import ProducerSendError
 from faust.transport.drivers import aiokafka as faust_aiokafka
+from faust.transport.producer import ProducerBuffer
 
 from streamassign.aiokafka.accumulator import gate_drains
 from streamassign.faust._stallhold import TICK, HeldSend, StallHold
@@ -469,3 +473,17 @@ def test_another_app_s_buffer_full_lines_are_its_own(
     assert _faust_producer_lines(caplog) == 4 * ["producer buffer full size 101", "producer flush"]
     told = [r.getMessage() for r in caplog.records if "was full" in r.getMessage()]
     assert len(told) == 1 and "was full 3 times" in told[0]
+
+
+def test_faust_s_buffer_wait_is_the_one_the_fold_repeats() -> None:
+    """During a hold, the fold waits as Faust's ``ProducerBuffer.wait_until_ebb`` does, without
+    its two lines: one ``await self.flush_atmost(self.max_messages)`` when
+    ``self.size > self.max_messages``. A Faust whose wait does more must fail here, not be
+    silently folded into the old one."""
+    tree = ast.parse(textwrap.dedent(inspect.getsource(ProducerBuffer.wait_until_ebb)))
+    awaited = [ast.unparse(node.value) for node in ast.walk(tree) if isinstance(node, ast.Await)]
+    assert awaited == ["self.flush_atmost(self.max_messages)"]
+    body = tree.body[0].body  # type: ignore[attr-defined]
+    ifs = [statement for statement in body if isinstance(statement, ast.If)]
+    assert [ast.unparse(statement.test) for statement in ifs] == ["self.size > self.max_messages"]
+    assert all(isinstance(s, ast.Expr) for s in body if not isinstance(s, ast.If))  # docstring

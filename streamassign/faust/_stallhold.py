@@ -507,27 +507,29 @@ class StallHoldProducer(faust_aiokafka.Producer):
         #: Faust's buffer full during the latest hold (``_wait_until_ebb``).
         self._buffer_full = _BufferFullCount()
 
-    async def _wait_until_ebb(self, faust_s: Callable[[], Awaitable[None]]) -> None:
+    def _wait_until_ebb(self, faust_s: Callable[[], Awaitable[None]]) -> Awaitable[None]:
         """Faust's buffer's ``wait_until_ebb`` (``faust_s``), which logs ``producer buffer
         full size N`` (WARNING) and ``producer flush took S`` (INFO) each time it waits: once
         per event while its one sending task waits in aiokafka for room in a batch a hold
         keeps back, up to ``producer_request_timeout`` (8,085 lines in a measured 21-minute
         cut). During a hold the first time is Faust's; later ones wait the same, silently,
-        counted in one WARNING once the hold ended (``_BufferFullCount.tell``)."""
-        buffer, hold = self.buffer, self.stall_hold
-        size = buffer.size
-        if not hold.holding or size <= buffer.max_messages:
-            await faust_s()
-            return
-        full = self._buffer_full
+        counted in one WARNING once the hold ended (``_BufferFullCount.tell``). Faust's own
+        coroutine otherwise (called once per event: no extra await)."""
+        buffer = self.buffer
+        if not self.stall_hold.holding or buffer.size <= buffer.max_messages:
+            return faust_s()
+        return self._wait_until_ebb_held(faust_s)
+
+    async def _wait_until_ebb_held(self, faust_s: Callable[[], Awaitable[None]]) -> None:
+        buffer, hold, full = self.buffer, self.stall_hold, self._buffer_full
         if full.hold != hold.holds:  # this hold's first: the last one's count is told
             full.tell()
             full.hold = hold.holds
         full.times += 1
-        full.largest = max(full.largest, size)
+        full.largest = max(full.largest, buffer.size)
         if full.times == 1:
             await faust_s()
-        else:
+        else:  # Faust's wait without its two lines (``test_faust_s_buffer_wait_is_...``)
             await buffer.flush_atmost(buffer.max_messages)
 
     def _holds_stalls(self) -> bool:

@@ -237,7 +237,8 @@ async def _stop_consumer_within(consumer: Any) -> None:
     running is released (heartbeat, fetcher, connections)."""
     abandoned = "its LeaveGroup is abandoned (the group drops it at its session timeout)"
     log.info(
-        "stopping the worker's consumer (at most %g s if the broker does not answer)",
+        "stopping the worker's consumer (if the broker does not answer: cut after %g s, "
+        "then its local parts released)",
         closing.CLOSE_TIMEOUT,
     )
     if not await stop_within("the worker's consumer", consumer, abandoned, log):
