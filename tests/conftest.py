@@ -8,6 +8,7 @@ hypothesis prints each failing example's reproduction blob. To rerun a CI failur
 
 from __future__ import annotations
 
+import logging
 import os
 import secrets
 import subprocess
@@ -124,6 +125,27 @@ def _faust_apps_closed(request: pytest.FixtureRequest) -> Iterator[list[Any]]:
 
     with apps_closed_after() as built:
         yield built
+
+
+#: Faust's loggers, the process's, which the Faust drop-in filters for a while (a cut
+#: producer stop's release): a filter left on would act on every later app of the process.
+FAUST_LOGGERS = ("faust.topics", "faust.transport.producer")
+
+
+@pytest.fixture(autouse=True)
+def _faust_loggers_left_unfiltered(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Fails a Faust test that leaves a filter added on a Faust logger."""
+    if not _faust_unit_test_file(request.path):
+        yield
+        return
+    before = {name: list(logging.getLogger(name).filters) for name in FAUST_LOGGERS}
+    yield
+    left = {
+        name: [f for f in logging.getLogger(name).filters if f not in before[name]]
+        for name in FAUST_LOGGERS
+    }
+    if any(left.values()):
+        pytest.fail(f"filters left on Faust's loggers: {left}")
 
 
 @pytest.fixture

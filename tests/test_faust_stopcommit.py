@@ -245,6 +245,52 @@ def test_a_held_send_released_then_failed_by_the_cut_stop_is_counted_too(
     )
 
 
+@pytest.mark.parametrize("held_count", [1, 3])
+def test_held_sends_a_release_still_hands_out_at_the_cut_stop_are_counted_too(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    held_count: int,
+) -> None:
+    """A hold's release under way at a cut stop, waiting in aiokafka for room in a full
+    changelog batch (its leader cut off): the producer's release fails that batch, then the
+    release task fails its sends one after another. Faust's lines of all of them are held
+    back and counted, not only those failed inside aiokafka."""
+    monkeypatch.setattr(closing, "CLOSE_TIMEOUT", 0.05)
+    worker = Worker(tmp_path, monkeypatch)
+    full = b"v" * 15000  # one fills a batch (aiokafka's 16 KiB)
+
+    async def release_waiting_then_stop() -> list[asyncio.Future[Any]]:
+        held = AcksUnanswered()
+        accumulator = held.aiokafka._message_accumulator
+        tp = aiokafka.TopicPartition(CHANGELOG, 0)
+        messages = [
+            told_to_faust(worker, CHANGELOG, await accumulator.add_message(tp, b"k", full, 5.0))
+        ]
+        hold = worker.producer.stall_hold
+        for _ in range(held_count):
+            result = asyncio.get_running_loop().create_future()
+            messages.append(told_to_faust(worker, CHANGELOG, result))
+            send = functools.partial(accumulator.add_message, tp, b"k", full, 5.0)
+            hold.held.append(_stallhold.HeldSend(send, result, 0.0, hold.number()))
+        releasing = asyncio.ensure_future(worker.producer._stall_release(0.0))
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert not releasing.done()  # its first send waits for the full batch to drain
+        await _stallhold._stop_producer_within(held.aiokafka, held.stop, lambda: None, releasing)
+        assert releasing.done()
+        return messages
+
+    with caplog.at_level(logging.WARNING):
+        messages = run(release_waiting_then_stop())
+    assert all(isinstance(m.exception(), WritesAbandonedError) for m in messages)
+    assert not any(m._log_traceback for m in messages)  # type: ignore[attr-defined]
+    assert [r.getMessage() for r in caplog.records if r.name == "faust.topics"] == []
+    counted = [m for m in faust_lines(caplog, logging.WARNING) if "was released with" in m]
+    assert len(counted) == 1
+    assert f"with {held_count + 1} write(s) not acknowledged" in counted[0]
+
+
 def test_a_stop_draining_past_its_deadline_keeps_the_commits_a_broker_answers(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -60,7 +60,8 @@ silence hold begins is still in this host's buffers (the link is dead): its conn
 reset, discarding those bytes, and aiokafka hands its batches back to the gated accumulator.
 A send that found its partition's batch full waits in aiokafka for that batch to leave, which
 a hold keeps from happening: when aiokafka gives up (``producer_request_timeout``, 20 min in
-Faust) during a hold, the send joins the held sends rather than crash Faust's producer buffer.
+Faust) during a hold, the send joins the held sends rather than crash Faust's producer buffer
+(timed out as a release let its batch go, it is sent again once).
 Under exactly_once transactions fence the zombie, and with ``producer_threaded`` the sends
 leave on another thread: nothing is held there.
 """
@@ -69,6 +70,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextvars
 import functools
 import inspect
 import logging
@@ -112,11 +114,16 @@ SILENCE = "silence"
 @attrs.define(eq=False)
 class HeldSend:
     """A changelog send held: ``send()`` hands it to aiokafka; ``result`` is the future Faust
-    got in its place; ``began`` when Faust made it (the hold's clock)."""
+    got in its place; ``began`` when Faust made it (the hold's clock); ``number`` its place
+    among the changelog sends made (``StallHold.number``: a clock may read the same twice);
+    ``signalled`` once Faust's send ran for it (its ``on_produce_message`` sent: not again
+    when sent again)."""
 
     send: Callable[[], Awaitable[Awaitable[Any]]]
     result: asyncio.Future[Any]
     began: float
+    number: int
+    signalled: bool = False
 
 
 @attrs.define(eq=False)
@@ -153,6 +160,17 @@ class StallHold:
     #: How many times a membership was lost (``lose()``): changelog sends may have been
     #: dropped since a count the consumer noted (its acknowledged offsets are then forgotten).
     losses: int = 0
+    #: When the last release of held sends ended (``_stall_release``; not a drop): a send
+    #: timing out in aiokafka then had its batch kept back until that moment
+    #: (``_send_or_hold``).
+    released_at: float = float("-inf")
+    #: Holds begun so far (the current one's number, while one is on).
+    holds: int = 0
+    #: Changelog sends made so far (``number``: each send's ``HeldSend.number``).
+    made: int = 0
+    #: The ``number`` of the latest changelog send handed to aiokafka (``_faust_send``): one
+    #: sent again after a later one was handed out would land behind it (a stale value).
+    latest_handed: int = 0
     #: The sends held, in order (a deque: a release after a long cut hands out thousands).
     held: collections.deque[HeldSend] = attrs.field(factory=collections.deque)
     #: The latest send time of a heartbeat the broker accepted, its member id then listed
@@ -192,6 +210,7 @@ class StallHold:
             else:
                 return False
             self.since, self.held_as = now, self.stamped_as
+            self.holds += 1
         return True
 
     def membership_ended(self, member: str | None) -> bool:
@@ -230,10 +249,15 @@ class StallHold:
             return RELEASED
         return None
 
+    def number(self) -> int:
+        """The next changelog send's ``HeldSend.number``."""
+        self.made += 1
+        return self.made
+
     def hold_late(self, late: HeldSend) -> None:
         """Hold ``late``, a send made before sends held already (it waited in aiokafka): it
         goes out ahead of those made after it, so a key's writes keep their order."""
-        after = next((i for i, held in enumerate(self.held) if held.began > late.began), None)
+        after = next((i for i, held in enumerate(self.held) if held.number > late.number), None)
         self.held.insert(len(self.held) if after is None else after, late)
 
     def end(self, now: float) -> list[HeldSend]:
@@ -289,13 +313,18 @@ class _Stopping:
 
 
 async def _stop_producer_within(
-    producer: Any, stop: Callable[[], Awaitable[None]], refuse_commits: Callable[[], None]
+    producer: Any,
+    stop: Callable[[], Awaitable[None]],
+    refuse_commits: Callable[[], None],
+    releasing: asyncio.Task[None] | None = None,
 ) -> None:
     """aiokafka's ``stop`` of the worker's ``producer`` within ``closing.CLOSE_TIMEOUT``, as the
     runtime's producers stop; cut, commits are refused (a commit still waiting on a flush
     would pass the writes failed next) and the batches it holds are failed, nothing of them
     sent later. The partitions' next owner writes them again. Faust logs one WARNING per
-    failed write (``_on_published error``): held back and counted in one line instead."""
+    failed write (``_on_published error``): held back and counted in one line instead, with
+    those of a hold's release under way (``releasing``, which fails them in turn once
+    aiokafka's are failed)."""
     consequence = "its writes not yet acknowledged are abandoned (their events are not committed)"
     if not await stop_within(PRODUCER_NAME, _Stopping(stop), consequence, log):
         refuse_commits()
@@ -304,11 +333,17 @@ async def _stop_producer_within(
         faust_topics_log.addFilter(abandoned_writes)
         try:
             await release_producer(PRODUCER_NAME, producer, log)
+            if releasing is not None:  # each send left to it now fails at once
+                await asyncio.wait({releasing}, timeout=RELEASE_ENDING)
             await abandoned_writes.all_told()
         finally:
             faust_topics_log.removeFilter(abandoned_writes)
         abandoned_writes.tell()
 
+
+#: Seconds a cut producer stop waits for a hold's release under way to hand out the rest
+#: of its sends, each failed at once by the released producer (a loop turn for them all).
+RELEASE_ENDING = 1.0
 
 #: The worker's producer, as its stop's lines name it.
 PRODUCER_NAME = "the worker's producer"
@@ -316,9 +351,11 @@ PRODUCER_NAME = "the worker's producer"
 #: Once the stop's deadline has passed, how long a flush or commit of the stop still waits
 #: for its answer, from when it saw the stop, while no commit was refused (a cut wait or a
 #: dropped hold refuses them; ``StallHoldProducer._stop_wait_left``): a broker answering
-#: within it is not refused. A stop cut off from its start lasts at most this much longer
-#: than ``closing.CLOSE_TIMEOUT``; one whose waits were answered past the deadline until the
-#: cut, a grace per wait.
+#: within it is not refused, and the stop goes on. The first wait cut refuses commits, and a
+#: wait begun after that ends at once (one under way keeps its grace): a stop cut off from its
+#: start ends its flushes and commits this long after ``closing.CLOSE_TIMEOUT``; one answered
+#: past its deadline, this long after the last wait begun before the first cut (twice this
+#: after the first unanswered one began, should a flush and a commit overlap).
 STOP_GRACE = 1.0
 
 
@@ -390,11 +427,59 @@ _ON_PUBLISHED_ABANDONED = re.compile(
 )
 
 
+@attrs.define(eq=False)
+class _BufferFullCount:
+    """How often Faust's producer buffer was full during hold number ``hold``
+    (``StallHold.holds``), and the most messages it held then (``_wait_until_ebb``)."""
+
+    hold: int = 0
+    times: int = 0
+    largest: int = 0
+
+    def tell(self) -> None:
+        if self.times > 1:
+            log.warning(
+                "Faust's producer buffer was full %d times during the hold (up to %d "
+                'messages: its changelog send waited for room): its "producer buffer full" '
+                'WARNING and "producer flush took" INFO after the first were not logged',
+                self.times,
+                self.largest,
+            )
+        self.times = self.largest = 0
+
+
+#: Set while a send made before is sent again (``_faust_send``): in that task only.
+_SENT_AGAIN: contextvars.ContextVar[bool] = contextvars.ContextVar("sent_again", default=False)
+
+
+@attrs.frozen
+class _SignalOnce:
+    """Faust's ``on_produce_message`` signal, not sent for a send made before and sent again
+    (its message was signalled at its first try)."""
+
+    signal: Callable[..., Any]
+
+    def __call__(self, **message: Any) -> None:
+        if not _SENT_AGAIN.get():
+            self.signal(**message)
+
+
 class StallHoldProducer(faust_aiokafka.Producer):
     """Faust's aiokafka producer, whose changelog sends a stall holds (the module docstring)."""
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # This producer's own buffer (Faust's conductor reads it at each assignment): no
+        # filter on Faust's process-wide logger, which every app of the process logs to.
+        ebb = getattr(self, "buffer", None)
+        if ebb is not None and hasattr(ebb, "wait_until_ebb"):
+            ebb.wait_until_ebb = functools.partial(self._wait_until_ebb, ebb.wait_until_ebb)
+
     def __post_init__(self) -> None:
         super().__post_init__()
+        signal = getattr(self, "_send_on_produce_message", None)
+        if signal is not None:  # Faust's send tells it (0.12-0.15); else nothing to skip
+            self._send_on_produce_message = _SignalOnce(signal)
         conf = self.app.conf
         session = float(conf.broker_session_timeout)
         heartbeat = float(conf.broker_heartbeat_interval)
@@ -419,6 +504,33 @@ class StallHoldProducer(faust_aiokafka.Producer):
         self._stall_gated = False
         #: The hold's clock, also of the heartbeats' stamps (a test's stand-in).
         self.clock: Callable[[], float] = time.monotonic
+        #: Faust's buffer full during the latest hold (``_wait_until_ebb``).
+        self._buffer_full = _BufferFullCount()
+
+    def _wait_until_ebb(self, faust_s: Callable[[], Awaitable[None]]) -> Awaitable[None]:
+        """Faust's buffer's ``wait_until_ebb`` (``faust_s``), which logs ``producer buffer
+        full size N`` (WARNING) and ``producer flush took S`` (INFO) each time it waits: once
+        per event while its one sending task waits in aiokafka for room in a batch a hold
+        keeps back, up to ``producer_request_timeout`` (8,085 lines in a measured 21-minute
+        cut). During a hold the first time is Faust's; later ones wait the same, silently,
+        counted in one WARNING once the hold ended (``_BufferFullCount.tell``). Faust's own
+        coroutine otherwise (called once per event: no extra await)."""
+        buffer = self.buffer
+        if not self.stall_hold.holding or buffer.size <= buffer.max_messages:
+            return faust_s()
+        return self._wait_until_ebb_held(faust_s)
+
+    async def _wait_until_ebb_held(self, faust_s: Callable[[], Awaitable[None]]) -> None:
+        buffer, hold, full = self.buffer, self.stall_hold, self._buffer_full
+        if full.hold != hold.holds:  # this hold's first: the last one's count is told
+            full.tell()
+            full.hold = hold.holds
+        full.times += 1
+        full.largest = max(full.largest, buffer.size)
+        if full.times == 1:
+            await faust_s()
+        else:  # Faust's wait without its two lines (``test_faust_s_buffer_wait_is_...``)
+            await buffer.flush_atmost(buffer.max_messages)
 
     def _holds_stalls(self) -> bool:
         return not exactly_once(self.app) and not self.app.conf.producer_threaded
@@ -487,12 +599,17 @@ class StallHoldProducer(faust_aiokafka.Producer):
             timer.cancel()
         if self.stall_hold.holding and not self.stall_hold.releasing:
             self._stall_stopped(self.clock())
+        self._buffer_full.tell()
         producer = self._producer
         if producer is not None and self._holds_stalls():
             # Faust's stop below stops aiokafka's producer, which waits for every batch it
             # holds to be acknowledged: during a network cut, until the heal.
             producer.stop = functools.partial(
-                _stop_producer_within, producer, producer.stop, self._refuse_commits
+                _stop_producer_within,
+                producer,
+                producer.stop,
+                self._refuse_commits,
+                self._stall_releasing,  # no release starts after this: the tick is off
             )
         await super().on_stop()
 
@@ -526,39 +643,84 @@ class StallHoldProducer(faust_aiokafka.Producer):
             hold.dropped_since_lost += 1  # dropped at once: a flush does not wait for it
             return result
         now = self.clock()
+        item = HeldSend(send, result, now, hold.number())
         if not hold.check(now):
-            return await self._send_or_hold(HeldSend(send, result, now))
-        hold.held.append(HeldSend(send, result, now))
+            return await self._send_or_hold(item)
+        hold.held.append(item)
         return result
 
     async def _send_or_hold(self, item: HeldSend) -> Awaitable[Any]:
         """Hand a changelog send to aiokafka now. Should it find its partition's batch full,
         aiokafka waits for that batch to leave, at most Faust's ``producer_request_timeout``
         (20 min), then raises KafkaTimeoutError, which would crash Faust's producer buffer:
-        a hold keeps the batch in for as long as a cut lasts. Timed out during a hold, the
-        send (not in aiokafka: no room) joins the held sends, or is dropped with the lost
-        membership's; any other error, or one outside a hold, reaches Faust."""
+        a hold keeps the batch in for as long as a cut lasts. Timed out (the send is not in
+        aiokafka: no room) during a hold, it joins the held sends, or is dropped with the
+        lost membership's; timed out within a tick of a release (its batch let go as its
+        time ran out), it is sent again, once, unless a changelog send made after it went
+        out meanwhile (``_may_send_again``). Any other error, or any other timeout, reaches
+        Faust."""
+        retried = False
+        while True:
+            try:
+                return await self._faust_send(item)
+            except ProducerSendError as exc:
+                if not isinstance(exc.__cause__, KafkaTimeoutError):
+                    raise
+                if self._stall_dropping():
+                    self.stall_hold.dropped_since_lost += 1
+                    return item.result
+                now = self.clock()
+                if self.stall_hold.check(now):
+                    self._hold_late(item, now, exc.__cause__)
+                    return item.result
+                if retried or not self._may_send_again(item, now):
+                    raise
+                retried = True
+                log.info(
+                    "a changelog send waited %.1f s in aiokafka for room in a batch a hold kept "
+                    "back until %.1f s ago (aiokafka gave up: %r): sent again",
+                    now - item.began,
+                    now - self.stall_hold.released_at,
+                    exc.__cause__,
+                )
+
+    def _may_send_again(self, item: HeldSend, now: float) -> bool:
+        """Whether ``item``, timed out in aiokafka at ``now`` with no hold on, goes out again:
+        a release ended after it began and at most a tick before ``now`` (aiokafka's time ran
+        out as the hold let its batch go; a send still timing out later waited for something
+        else, a partition leader away, and Faust's error stands), and no changelog send made
+        after it was handed to aiokafka meanwhile, so it keeps its place among its key's
+        writes. Faust's producer buffer sends the changelog writes one at a time, each
+        awaited: while one waits, no later one is handed out."""
+        hold = self.stall_hold
+        released = item.began <= hold.released_at and now - hold.released_at <= TICK
+        return released and hold.latest_handed <= item.number
+
+    def _hold_late(self, item: HeldSend, now: float, why: BaseException) -> None:
+        hold = self.stall_hold
+        hold.hold_late(item)
+        log.warning(
+            "a changelog send waited %.1f s in aiokafka for room in a batch held back since "
+            "%.1f s ago (aiokafka gave up: %r): it is held with the rest",
+            now - item.began,
+            now - (hold.since or now),
+            why,
+        )
+
+    async def _faust_send(self, item: HeldSend) -> Awaitable[Any]:
+        """Faust's send of ``item``; sent again (it timed out waiting in aiokafka, never
+        added), without Faust's ``on_produce_message`` signal a second time (``_SignalOnce``:
+        a handler may count or trace each message)."""
+        hold = self.stall_hold
+        hold.latest_handed = max(hold.latest_handed, item.number)
+        if not item.signalled:
+            item.signalled = True
+            return await item.send()
+        token = _SENT_AGAIN.set(True)
         try:
             return await item.send()
-        except ProducerSendError as exc:
-            hold = self.stall_hold
-            if not isinstance(exc.__cause__, KafkaTimeoutError):
-                raise
-            if self._stall_dropping():
-                hold.dropped_since_lost += 1
-                return item.result
-            now = self.clock()
-            if not hold.check(now):
-                raise
-            hold.hold_late(item)
-            log.warning(
-                "a changelog send waited %.1f s in aiokafka for room in a batch held back "
-                "since %.1f s ago (aiokafka gave up: %r): it is held with the rest",
-                now - item.began,
-                now - (hold.since or now),
-                exc.__cause__,
-            )
-            return item.result
+        finally:
+            _SENT_AGAIN.reset(token)
 
     def _aiokafka_consumer(self) -> Any:
         return aiokafka_consumer(self.app)
@@ -654,8 +816,8 @@ class StallHoldProducer(faust_aiokafka.Producer):
         to ``STOP_GRACE`` after ``saw_stop`` if that is later: a wait begun near or past the
         deadline by a stop still draining (Faust's ``wait_empty`` commits about once a
         second until its agents are done) is cut only if it got no answer in that time.
-        Once a commit was refused, nothing later is committed: its waits end at the
-        deadline (a stop cut off from its start lasts at most ``STOP_GRACE`` longer)."""
+        Once a commit was refused, nothing later is committed: a wait begun then ends at the
+        deadline (one under way keeps the grace it was given)."""
         now = time.monotonic()
         if self._stop_deadline is None:
             self._stop_deadline = now + closing.CLOSE_TIMEOUT
@@ -714,6 +876,8 @@ class StallHoldProducer(faust_aiokafka.Producer):
         hold.heartbeats.routine_seen(now, heartbeat_task(consumer) if watched else None)
         member = self._stall_membership(now)
         hold.tick(now, member)
+        if not hold.holding:
+            self._buffer_full.tell()
         if hold.holding and not hold.releasing and self._stopping():
             self._stall_stopped(now)  # its membership may be resolved only after the stop
             return
@@ -917,14 +1081,15 @@ class StallHoldProducer(faust_aiokafka.Producer):
                 item = hold.held.popleft()
                 released += 1
                 try:
-                    sent = asyncio.ensure_future(await item.send())
+                    sent = asyncio.ensure_future(await self._faust_send(item))
                 except Exception as exc:  # Faust's own path would end its buffer's task
                     if not item.result.done():  # cancelled by Faust meanwhile
                         item.result.set_exception(exc)
                 else:
                     sent.add_done_callback(functools.partial(_settle, outer=item.result))
         finally:
-            hold.end(self.clock())
+            hold.released_at = self.clock()
+            hold.end(hold.released_at)
             if self._stall_gated:
                 wake_sender(self._accumulator())
         log.log(

@@ -55,6 +55,7 @@ from faust.transport.drivers import aiokafka as faust_aiokafka
 from faust.types import TP
 from faust.types import tuples as faust_tuples
 
+from ..aiokafka import closing
 from ..aiokafka.closing import release_consumer, retrieve_failure, stop_within
 from ..aiokafka.floods import BrokerAwayLines
 from ..aiokafka.rejoin import current_assignment, fetch_states, member_id, membership, rewind
@@ -235,6 +236,11 @@ async def _stop_consumer_within(consumer: Any) -> None:
     """Stop aiokafka's ``consumer`` within ``closing.CLOSE_TIMEOUT``; cut, what its stop left
     running is released (heartbeat, fetcher, connections)."""
     abandoned = "its LeaveGroup is abandoned (the group drops it at its session timeout)"
+    log.info(
+        "stopping the worker's consumer (if the broker does not answer: cut after %g s, "
+        "then its local parts released)",
+        closing.CLOSE_TIMEOUT,
+    )
     if not await stop_within("the worker's consumer", consumer, abandoned, log):
         await release_consumer("the worker's consumer", consumer, log)
 
