@@ -14,7 +14,7 @@ import click
 from ..errors import installed_version
 from .failures import _one_line_failures
 from .jobs import _preflight, _session
-from .report import _render, _report_command
+from .report import _ADDED_ROWS, REPORT_ID, _render, _replaceable_report, _report_command
 from .run_folders import _is_remote
 
 
@@ -65,8 +65,10 @@ def _refuse_damaged(run_dir: str, manifest: Mapping[str, Any]) -> None:
     """Refuse to keep the local run in ``run_dir`` (``manifest``: its manifest) if its Parquet
     files are not those it wrote (a file deleted or added, its size or bytes changed): its
     report, if any, shows rows it no longer holds, and a rerun without ``--overwrite`` would
-    keep it again. Likewise if nothing can check them, said as such (not as damage)."""
-    from ..pipeline.runs import rows_damage, rows_unchecked
+    keep it again. Likewise if nothing can check them, said as such (not as damage), and if
+    a file was added among them: Spark would read it with the run's rows, and moving it away
+    keeps the run (``--overwrite`` would delete it with the run)."""
+    from ..pipeline.runs import rows_added, rows_damage, rows_unchecked
 
     damage = rows_damage(run_dir, manifest)
     if damage is not None:
@@ -79,6 +81,12 @@ def _refuse_damaged(run_dir: str, manifest: Mapping[str, Any]) -> None:
         raise click.ClickException(
             f"{run_dir}: its rows cannot be checked: {unchecked}; it cannot be kept: pass "
             "--overwrite to simulate it again"
+        )
+    added = rows_added(run_dir, manifest)
+    if added is not None:
+        raise click.ClickException(
+            f"{run_dir}: {added}: {_ADDED_ROWS} to keep the run, or pass --overwrite to "
+            "simulate it again"
         )
 
 
@@ -201,14 +209,12 @@ def _refuse_foreign_report_folder(run_dir: str) -> None:
     """Before Spark starts: refuse to write a kept run's report over ``DIR/report`` holding
     other files than a report, with the remedies that keep the run (simulate's ``--out`` is the
     run's folder: another one would simulate it all again)."""
-    from ..pipeline.runs import LocalFiles, replaceable
-
     folder = Path(run_dir) / "report"
-    if not replaceable(LocalFiles(), str(folder), "report.html"):
+    if not _replaceable_report(folder):
         raise click.ClickException(
-            f"{folder} exists and holds no report.html: not replacing it with the kept run's "
-            f"report; move its files away, or write the report elsewhere: "
-            f"{_report_command(run_dir)}"
+            f"{folder} exists and is no report (neither report.html nor {REPORT_ID} in it): "
+            "not replacing it with the kept run's report; move its files away, or write the "
+            f"report elsewhere: {_report_command(run_dir)}"
         )
 
 

@@ -31,14 +31,23 @@ def _report_command(run_dir: str) -> str:
     """The command that writes the report of the run in ``run_dir``: with ``--out`` for a
     remote run, and for a local one whose ``report/`` holds other files but no report.html
     (``report`` does not replace such a folder)."""
-    from ..pipeline.runs import LocalFiles, replaceable
-
     command = f"streamassign report {run_dir}"
     if _is_remote(run_dir):
         return f"{command} --out DIR"
-    if replaceable(LocalFiles(), str(Path(run_dir) / "report"), "report.html"):
+    if _replaceable_report(Path(run_dir) / "report"):
         return command
     return f"{command} --out OTHER"
+
+
+def _replaceable_report(folder: Path) -> bool:
+    """Whether a report may be written over ``folder``: it is absent or empty, or an earlier
+    report, by its page or by the id its render left (``REPORT_ID``, holding a run id: the
+    page alone deleted leaves the report's own files, which are nobody else's to keep)."""
+    from ..pipeline.runs import LocalFiles, is_run_id, replaceable
+
+    if replaceable(LocalFiles(), str(folder), "report.html"):
+        return True
+    return is_run_id(LocalFiles().read_text(str(folder / REPORT_ID)) or "")
 
 
 def _render(session: Any, run_dir: str, out: Path | None, spark_tasks: int | None = None) -> Path:
@@ -91,16 +100,43 @@ REPORT_ID: Final = "report-id.txt"
 def _check_report_out(out: Path) -> None:
     """The report goes to a hidden sibling of ``out``, then replaces ``out``: refuse a folder
     that is not an earlier report, or a parent the sibling cannot be written in."""
-    from ..pipeline.runs import LocalFiles, replaceable
-
     _refuse_dangling_link(out, f"--out {out}")
     given, out = out, _resolved(out, f"--out {out}")
-    if not replaceable(LocalFiles(), str(out), "report.html"):
+    if not _replaceable_report(out):
         raise click.ClickException(
-            f"{out} exists and holds no report.html: not replacing it; give an empty or new "
-            "folder as --out"
+            f"{out} exists and is no report (neither report.html nor {REPORT_ID} in it): not "
+            "replacing it; give an empty or new folder as --out"
         )
     _check_out_folder(out.parent, given=given)
+
+
+#: What a file added among a run's rows does, and the remedy that keeps the run.
+_ADDED_ROWS: Final = (
+    "Spark reads every file in rebalances/assignor=... as the run's rows; move it out of the "
+    "run's folder"
+)
+
+
+def _refuse_changed_rows(run_dir: str, manifest: dict[str, Any]) -> None:
+    """Before Spark starts: refuse a local run whose files are not those its manifest lists
+    with their digests (a byte changed, a file added: Spark would read them without a word
+    where no checksum file is beside them). A manifest without digests (older code) leaves it
+    to Spark's checksums and the rows' count."""
+    from ..pipeline.runs import ROW_SHA256, rows_added, rows_damage
+
+    if not isinstance(manifest.get(ROW_SHA256), dict):
+        return
+    damage = rows_damage(run_dir, manifest)
+    if damage is not None:
+        raise click.ClickException(
+            f"{run_dir}: damaged run: {damage}; run streamassign simulate again with --overwrite"
+        )
+    added = rows_added(run_dir, manifest)
+    if added is not None:
+        raise click.ClickException(
+            f"{run_dir}: {added}: {_ADDED_ROWS}, or run streamassign simulate again "
+            "with --overwrite"
+        )
 
 
 @main.command()
@@ -120,7 +156,7 @@ def report(run_dir: str, out: Path | None, master: str | None, spark_tasks: int 
         raise click.ClickException(f"{run_dir} is not a local directory: give --out")
     if not _is_remote(run_dir):
         try:
-            check_run(LocalFiles(), run_dir)
+            _refuse_changed_rows(run_dir, check_run(LocalFiles(), run_dir))
         except StreamAssignError as exc:
             raise click.ClickException(str(exc)) from exc
     _check_report_out(out or Path(run_dir) / "report")

@@ -640,8 +640,8 @@ def test_report_refuses_an_out_folder_that_is_not_a_report_before_spark(
     code, out = invoke("report", str(run), "--out", str(tmp_path / "mine"))
     assert code == 1
     assert out == (
-        f"Error: {tmp_path / 'mine'} exists and holds no report.html: not replacing it; give an "
-        "empty or new folder as --out\n"
+        f"Error: {tmp_path / 'mine'} exists and is no report (neither report.html nor "
+        "report-id.txt in it): not replacing it; give an empty or new folder as --out\n"
     )
 
 
@@ -1658,14 +1658,14 @@ def test_a_damaged_run_is_never_kept_even_beside_its_report(
 def _list_rows(run: Path, recorded: bool = True) -> None:
     """Record in the manifest of ``run`` its Parquet files and sizes, as simulate writes them
     (``recorded`` False: leave them out, as older code did)."""
-    from streamassign.pipeline.runs import ROW_FILES, LocalFiles, row_files
+    from streamassign.pipeline.runs import ROW_FILES, ROW_SHA256, LocalFiles, row_digests, row_files
 
     path = run / "manifest" / "part-00000.json"
     manifest = json.loads(path.read_text())
     manifest.pop(ROW_FILES, None)
-    path.write_text(
-        json.dumps(manifest | ({ROW_FILES: row_files(LocalFiles(), str(run))} if recorded else {}))
-    )
+    manifest.pop(ROW_SHA256, None)
+    listed = {ROW_FILES: row_files(LocalFiles(), str(run)), ROW_SHA256: row_digests(str(run))}
+    path.write_text(json.dumps(manifest | (listed if recorded else {})))
 
 
 def test_a_kept_run_is_checked_against_the_files_its_manifest_lists(
@@ -1701,13 +1701,89 @@ def test_a_kept_run_is_checked_against_the_files_its_manifest_lists(
     code, out = invoke(*command)
     assert (code, out) == (
         1,
-        f"Error: {run}: its rows cannot be checked: its manifest lists no files (a run written "
-        "to a remote folder, or by older code) and no checksum file (.*.parquet.crc) is under "
-        "rebalances/ (copied "
-        "without its dot files, or written through a file system that writes none); it cannot "
-        "be kept: pass --overwrite to simulate it again\n",
+        f"Error: {run}: its rows cannot be checked: its manifest lists no files with their "
+        "digests (a run written to a remote folder, or by older code) and no checksum file "
+        "(.*.parquet.crc) is under rebalances/ (copied without its dot files, or written "
+        "through a file system that writes none); it cannot be kept: pass --overwrite to "
+        "simulate it again\n",
     )
     assert (run / "report" / "report.html").read_text() == "the first run's"
+
+
+def test_a_kept_run_with_a_byte_changed_or_a_file_added_among_its_rows_is_refused(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A run copied without its checksum files was kept with a byte changed (same size); one
+    with a copy of a Parquet file added beside it (``.orig``) was kept, and report then refused
+    it (31,775 rows read, 31,000 written). The manifest's digests tell the first; the second
+    says to move the file out, which keeps the run (--overwrite would delete it with the run).
+    A note beside the partition folders is not read by Spark: the run is kept."""
+    run = tmp_path / "run"
+    command = _a_kept_run(monkeypatch, run)
+    folder = next((run / "rebalances").glob("*/part-00000.parquet")).parent
+    page = run / "report" / "report.html"
+    page.parent.mkdir()
+    page.write_text("the first run's")
+    _list_rows(run)
+    for sidecar in (run / "rebalances").rglob(".*.crc"):  # copied without its dot files
+        sidecar.unlink()
+    rows = folder / "part-00000.parquet"
+    data = rows.read_bytes()
+    rows.write_bytes(bytes([data[0] ^ 1]) + data[1:])
+    code, out = invoke(*command)
+    assert (code, out) == (
+        1,
+        f"Error: {run}: damaged run: rebalances/{folder.name}/part-00000.parquet has bytes "
+        "changed since it was written; it cannot be kept: pass --overwrite to simulate it "
+        "again\n",
+    )
+    rows.write_bytes(data)
+    (run / "rebalances" / "notes.txt").write_text("mine")
+    assert invoke(*command)[0] == 0
+    (folder / "part-00000.parquet.orig").write_bytes(data)
+    code, out = invoke(*command)
+    assert (code, out) == (
+        1,
+        f"Error: {run}: rebalances/{folder.name}/part-00000.parquet.orig is not a file the run "
+        "wrote (added from elsewhere?): Spark reads every file in rebalances/assignor=... as "
+        "the run's rows; move it out of the run's folder to keep the run, or pass --overwrite "
+        "to simulate it again\n",
+    )
+    (folder / "part-00000.parquet.orig").rename(tmp_path / "moved.parquet")
+    assert invoke(*command)[0] == 0
+    assert page.read_text() == "the first run's"
+
+
+def test_report_refuses_a_run_whose_rows_are_not_those_its_manifest_lists_before_spark(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """report read a run copied without its checksum files, a byte changed, without a word
+    (README command 1's run: the same report). Its manifest's digests tell, before Spark
+    starts; so does a file added among its rows (report then refused it only after reading
+    them, on their count)."""
+    run = tmp_path / "run"
+    _a_kept_run(monkeypatch, run)  # Spark never starts
+    _list_rows(run)
+    for sidecar in (run / "rebalances").rglob(".*.crc"):
+        sidecar.unlink()
+    rows = next((run / "rebalances").glob("*/part-00000.parquet"))
+    data = rows.read_bytes()
+    rows.write_bytes(bytes([data[0] ^ 1]) + data[1:])
+    shown = f"rebalances/{rows.parent.name}/part-00000.parquet"
+    assert invoke("report", str(run)) == (
+        1,
+        f"Error: {run}: damaged run: {shown} has bytes changed since it was written; run "
+        "streamassign simulate again with --overwrite\n",
+    )
+    rows.write_bytes(data)
+    (rows.parent / "copy.parquet").write_bytes(data)
+    assert invoke("report", str(run)) == (
+        1,
+        f"Error: {run}: rebalances/{rows.parent.name}/copy.parquet is not a file the run wrote "
+        "(added from elsewhere?): Spark reads every file in rebalances/assignor=... as the "
+        "run's rows; move it out of the run's folder, or run streamassign simulate again with "
+        "--overwrite\n",
+    )
 
 
 def test_a_kept_runs_report_folder_without_its_page_is_refused_before_spark_starts(
@@ -1727,11 +1803,55 @@ def test_a_kept_runs_report_folder_without_its_page_is_refused_before_spark_star
     code, out = invoke(*command)
     assert (code, out) == (
         1,
-        f"Error: {run / 'report'} exists and holds no report.html: not replacing it with the "
-        f"kept run's report; move its files away, or write the report elsewhere: streamassign "
-        f"report {run} --out OTHER\n",
+        f"Error: {run / 'report'} exists and is no report (neither report.html nor "
+        "report-id.txt in it): not replacing it with the kept run's report; move its files "
+        f"away, or write the report elsewhere: streamassign report {run} --out OTHER\n",
     )
     assert (run / "report" / "by_event.csv").read_text() == "mine"
+    (run / "report" / "report-id.txt").write_text("not a run id\n")  # nobody's id: still mine
+    assert invoke(*command)[0] == 1
+
+
+def test_a_report_folder_that_lost_only_its_page_is_rewritten_by_report_and_a_kept_run(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A kept run's report/ holding the report's own files and the id its render left, only
+    report.html deleted, was refused ("move its files away") though nothing in it is anyone
+    else's; so was it as report --out. The id tells an earlier report: it is written anew,
+    the old files replaced, with --report and by report alike (Spark's part faked)."""
+    from streamassign.pipeline import progress, report, spark
+
+    run = tmp_path / "run"
+    command = _a_kept_run(monkeypatch, run)
+    folder = run / "report"
+    folder.mkdir()
+    (folder / "by_event.csv").write_text("the earlier render's")
+    (folder / "report-id.txt").write_text("20261129T045102Z-3f9a1c\n")
+
+    @contextlib.contextmanager
+    def session(*a: Any) -> Iterator[Any]:
+        yield SimpleNamespace(conf=SimpleNamespace(set=lambda *a: None))
+
+    def render(data: Any, out_dir: str | Path) -> Path:
+        Path(out_dir).mkdir()
+        (Path(out_dir) / "report.html").write_text(f"rendered from {data}")
+        return Path(out_dir) / "report.html"
+
+    replace_in_cli(monkeypatch, "_session", session)
+    monkeypatch.setattr(spark, "aggregate", lambda session, run_dir: "the kept run")
+    monkeypatch.setattr(progress, "run_tracked", lambda s, d, c, action: action())
+    monkeypatch.setattr(report, "render_report", render)
+    code, out = invoke(*command)
+    assert code == 0, out
+    assert sorted(p.name for p in folder.iterdir()) == ["report-id.txt", "report.html"]
+    assert (folder / "report.html").read_text() == "rendered from the kept run"
+    (folder / "report.html").unlink()
+    code, out = invoke(*[arg for arg in command if arg != "--report"])
+    assert (code, out.splitlines()[-1]) == (0, f"next: streamassign report {run}")
+    monkeypatch.setattr("streamassign.cli.report._preflight", lambda master: None)
+    code, out = invoke("report", str(run))
+    assert code == 0, out
+    assert (folder / "report.html").read_text() == "rendered from the kept run"
 
 
 def test_a_rerun_over_a_run_of_other_code_is_refused_naming_its_fingerprint(
