@@ -1102,6 +1102,15 @@ def test_report_refuses_a_run_missing_some_files_and_keeps_the_earlier_report(
     (run / "report" / "report.html").write_text("earlier")
     sticky = run / "rebalances" / "assignor=task%3Asticky"
     sticky.rename(tmp_path / "sticky")
+    # The manifest lists the run's files: the first one missing is named before Spark starts.
+    code, out = invoke("report", str(run))
+    assert code == 1 and out.startswith(
+        f"Error: {run}: damaged run: rebalances/assignor=task%3Asticky/part-"
+    )
+    assert out.endswith(
+        " is missing (the manifest lists it); run streamassign simulate again with --overwrite\n"
+    )
+    _list_rows(run, recorded=False)  # as a remote run's (or older code's): the rows tell
     from streamassign.pipeline import spark as sp
 
     def by_step(*a: Any) -> Any:  # a review: refused only after aggregating all of it
