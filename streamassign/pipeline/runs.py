@@ -1100,7 +1100,10 @@ def unreadable_file(run_dir: str, failure: str) -> DamagedRunError | None:
     found = _FAILED_READ.search(failure)
     if found is None or not any(cause in failure for cause in _DAMAGED_BYTES):
         return None
-    path = urllib.parse.unquote(urllib.parse.urlsplit(found["uri"]).path)
+    raw = urllib.parse.urlsplit(found["uri"]).path
+    path = urllib.parse.unquote(raw)
+    if not os.path.exists(path) and os.path.exists(raw):
+        path = raw  # a footer's failure names the file by its path, not escaped as a URI
     marker = f"/{REBALANCES}/"
     shown = REBALANCES + "/" + path.split(marker, 1)[1] if marker in path else path
     why = (

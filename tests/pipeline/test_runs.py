@@ -710,7 +710,7 @@ def test_a_damaged_run_is_described_as_damaged(tmp_path: Path) -> None:
     )
 
 
-def test_a_run_file_spark_cannot_read_is_a_damaged_run_naming_it() -> None:
+def test_a_run_file_spark_cannot_read_is_a_damaged_run_naming_it(tmp_path: Path) -> None:
     """Spark's read failure, as its message and trace put it, becomes the line a deleted file
     gets; any other failure is left alone."""
     from streamassign.errors import DamagedRunError
@@ -739,6 +739,14 @@ def test_a_run_file_spark_cannot_read_is_a_damaged_run_naming_it() -> None:
     assert unreadable_file("/r/run", denied) is None  # intact bytes, not readable here
     timed_out = failure.split("\nCaused by:")[0] + "\nCaused by: java.net.SocketTimeoutException"
     assert unreadable_file("/r/run", timed_out) is None  # a remote store's read, not damage
+    # A footer that cannot be read names the file by its path ('%' not escaped): as it is.
+    part = tmp_path / "run" / "rebalances" / "assignor=task%3Asticky" / "part-0.snappy.parquet"
+    part.parent.mkdir(parents=True)
+    part.write_bytes(b"not Parquet")
+    footer = failure.replace("NO_HINT", "CANNOT_READ_FILE_FOOTER").replace(uri, f"file://{part}")
+    assert f"{tmp_path / 'run'}: damaged run: rebalances/assignor=task%3Asticky/" in str(
+        unreadable_file(str(tmp_path / "run"), footer)
+    )
 
 
 def test_the_code_fingerprint_changes_with_any_shipped_file_and_nothing_else(
