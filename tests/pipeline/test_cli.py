@@ -979,6 +979,16 @@ def test_plan_standbys_next_command_replaces_only_a_run_of_the_same_simulation(
         _damage(folder)
         words_now, _ = _printed_next(monkeypatch, given)
         assert words_now[-2:] == ["streamassign-runs/orders-enricher-standbys2-2", "--report"]
+    # A file added among its rows (simulate keeps it once moved out; --overwrite would delete
+    # it): passed by, damaged or not.
+    shutil.rmtree(folder)
+    _a_run_of(words, folder)
+    added = next((folder / "rebalances").glob("*/part-00000.parquet")).with_suffix(".orig")
+    added.write_text("mine")
+    words_now, _ = _printed_next(monkeypatch, given)
+    assert words_now[-2:] == ["streamassign-runs/orders-enricher-standbys2-2", "--report"]
+    _damage(folder)
+    assert _printed_next(monkeypatch, given)[0] == words_now
     # A report's leftovers of an interrupted render are the run's own.
     shutil.rmtree(folder)
     _a_run_of(words, folder)
