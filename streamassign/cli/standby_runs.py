@@ -92,8 +92,8 @@ def _standby_run_dir(
     """``streamassign-runs/NAME-standbysR``, whether ``--overwrite`` is needed there and the
     manifest of the run simulate keeps there. A run of the same simulation (``identity``) by
     this code, undamaged, is kept (no ``--overwrite``: simulate writes its report if missing);
-    a damaged one (or one nothing can check: simulate would not keep it) is replaced if it is
-    alone (the command redoes it). Past folders holding
+    a damaged one (or one of this code nothing can check: simulate would not keep it) is
+    replaced if it is alone (the command redoes it). Past folders holding
     anything else (a run with a file added among its rows, which ``--overwrite`` would delete;
     a run of the same settings by other code: the "before" of a code change,
     which ``--overwrite`` would delete unsaid; a run of another model, rate, fleet, topology;
@@ -123,12 +123,14 @@ def _standby_run_dir(
         manifest = read_manifest(files, where)
         if identity is None or manifest is None or not _same_simulation(manifest, identity):
             continue
-        if rows_added(where, manifest) is not None:
+        if rows_added(where, manifest):
             continue  # a file of someone's among its rows: simulate keeps it only once moved
         damaged = (
             run_damage(files, where) is not None
             or rows_damage(where, manifest) is not None
-            or rows_unchecked(where, manifest) is not None  # simulate would not keep it
+            # Simulate would not keep a run of this code it cannot check. One of other code
+            # (sizes without digests, copied without checksum files) is checked as it can be.
+            or (rows_unchecked(where, manifest) is not None and _other_code(manifest) is None)
         )
         if damaged and _holds_only_run_entries(where):
             return out, True, None  # nothing in it worth keeping

@@ -1004,6 +1004,31 @@ def test_plan_standbys_next_command_replaces_only_a_run_of_the_same_simulation(
     assert words_now[-2:] == ["streamassign-runs/orders-enricher-standbys2-2", "--report"]
 
 
+def test_plan_standbys_passes_by_a_run_of_other_code_copied_without_its_checksum_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run of the plan's settings by older code lists its files' sizes but no digests;
+    copied without its dot files (no .crc), it was taken for one nothing can check, thus
+    damaged, and the line was its --overwrite: the "before" of a code change, deleted. It is
+    passed by, as an intact run of other code is, and so is one listing no files at all."""
+    from streamassign.pipeline.runs import CODE_FINGERPRINT, ROW_FILES, LocalFiles, row_files
+
+    monkeypatch.chdir(tmp_path)
+    folder = tmp_path / "streamassign-runs" / "orders-enricher-standbys2"
+    given = ["--scenarios", "3", "--steps", "5", "--param", "crash_per_client_hour=1"]
+    words, _ = _printed_next(monkeypatch, given)
+    _a_run_of(words, folder, **{CODE_FINGERPRINT: "0" * 64})
+    path = folder / "manifest" / "part-00000.json"
+    manifest = json.loads(path.read_text())
+    for sidecar in (folder / "rebalances").rglob(".*.crc"):
+        sidecar.unlink()
+    for older in (manifest | {ROW_FILES: row_files(LocalFiles(), str(folder))}, manifest):
+        path.write_text(json.dumps(older))
+        words_now, _ = _printed_next(monkeypatch, given)
+        assert "--overwrite" not in words_now
+        assert words_now[-2:] == ["streamassign-runs/orders-enricher-standbys2-2", "--report"]
+
+
 def test_plan_standbys_next_command_never_runs_in_the_plans_own_folder(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
