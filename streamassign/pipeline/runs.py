@@ -1074,12 +1074,13 @@ def check_rows_read(
 
 
 #: Spark's failure to read one file of a run (``FAILED_READ_FILE``): the file, as a URI whose
-#: folder names are escaped once more (``assignor=task%253Asticky``). Only the two kinds a
-#: file's bytes cause: the others (a missing or unreadable file, a type mismatch, a file
-#: system) are not damage to the bytes.
+#: folder names are escaped once more (``assignor=task%253Asticky``) when a page cannot be
+#: read, as its path (``assignor=task%3Asticky``) when its footer cannot, whatever the file
+#: system. Only the two kinds a file's bytes cause: the others (a missing or unreadable file,
+#: a type mismatch, a file system) are not damage to the bytes.
 _FAILED_READ: Final = re.compile(
-    r"\[FAILED_READ_FILE\.(?:NO_HINT|CANNOT_READ_FILE_FOOTER)\] Encountered error while reading "
-    r"file (?P<uri>\S+?)\.?\s"
+    r"\[FAILED_READ_FILE\.(?P<kind>NO_HINT|CANNOT_READ_FILE_FOOTER)\] Encountered error while "
+    r"reading file (?P<uri>\S+?)\.?\s"
 )
 
 #: What a failure's causes say when the bytes are damaged (Hadoop's checksum, Parquet's own
@@ -1100,10 +1101,9 @@ def unreadable_file(run_dir: str, failure: str) -> DamagedRunError | None:
     found = _FAILED_READ.search(failure)
     if found is None or not any(cause in failure for cause in _DAMAGED_BYTES):
         return None
-    raw = urllib.parse.urlsplit(found["uri"]).path
-    path = urllib.parse.unquote(raw)
-    if not os.path.exists(path) and os.path.exists(raw):
-        path = raw  # a footer's failure names the file by its path, not escaped as a URI
+    path = urllib.parse.urlsplit(found["uri"]).path
+    if found["kind"] != "CANNOT_READ_FILE_FOOTER":  # a footer's names the file unescaped
+        path = urllib.parse.unquote(path)
     marker = f"/{REBALANCES}/"
     shown = REBALANCES + "/" + path.split(marker, 1)[1] if marker in path else path
     why = (

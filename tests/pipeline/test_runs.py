@@ -739,14 +739,14 @@ def test_a_run_file_spark_cannot_read_is_a_damaged_run_naming_it(tmp_path: Path)
     assert unreadable_file("/r/run", denied) is None  # intact bytes, not readable here
     timed_out = failure.split("\nCaused by:")[0] + "\nCaused by: java.net.SocketTimeoutException"
     assert unreadable_file("/r/run", timed_out) is None  # a remote store's read, not damage
-    # A footer that cannot be read names the file by its path ('%' not escaped): as it is.
-    part = tmp_path / "run" / "rebalances" / "assignor=task%3Asticky" / "part-0.snappy.parquet"
-    part.parent.mkdir(parents=True)
-    part.write_bytes(b"not Parquet")
-    footer = failure.replace("NO_HINT", "CANNOT_READ_FILE_FOOTER").replace(uri, f"file://{part}")
-    assert f"{tmp_path / 'run'}: damaged run: rebalances/assignor=task%3Asticky/" in str(
-        unreadable_file(str(tmp_path / "run"), footer)
-    )
+    # A footer that cannot be read names the file by its path ('%' not escaped): as it is,
+    # on a local disk or a remote store (nothing here to look the file up by).
+    for run in ("/r/run", "hdfs://nn:8020/r/run"):
+        part = f"{run}/rebalances/assignor=task%3Asticky/part-0.snappy.parquet"
+        footer = failure.replace("NO_HINT", "CANNOT_READ_FILE_FOOTER").replace(uri, part)
+        assert f"{run}: damaged run: rebalances/assignor=task%3Asticky/part-0" in str(
+            unreadable_file(run, footer)
+        ), run
 
 
 def test_the_code_fingerprint_changes_with_any_shipped_file_and_nothing_else(
