@@ -14,7 +14,13 @@ import click
 from ..errors import installed_version
 from .failures import _one_line_failures
 from .jobs import _preflight, _session
-from .report import _ADDED_ROWS, REPORT_ID, _render, _replaceable_report, _report_command
+from .report import (
+    _NO_REPORT,
+    _changed_rows_refusal,
+    _render,
+    _replaceable_report,
+    _report_command,
+)
 from .run_folders import _is_remote
 
 
@@ -65,29 +71,23 @@ def _refuse_damaged(run_dir: str, manifest: Mapping[str, Any]) -> None:
     """Refuse to keep the local run in ``run_dir`` (``manifest``: its manifest) if its Parquet
     files are not those it wrote (a file deleted or added, its size or bytes changed): its
     report, if any, shows rows it no longer holds, and a rerun without ``--overwrite`` would
-    keep it again. Likewise if nothing can check them, said as such (not as damage), and if
-    a file was added among them: Spark would read it with the run's rows, and moving it away
-    keeps the run (``--overwrite`` would delete it with the run)."""
+    keep it again. Likewise if nothing can check them, said as such (not as damage). A file
+    added among them is named either way: Spark would read it with the run's rows, moving it
+    away keeps the run if nothing else is wrong, and ``--overwrite`` would delete it."""
     from ..pipeline.runs import rows_added, rows_damage, rows_unchecked
 
+    added = rows_added(run_dir, manifest)
     damage = rows_damage(run_dir, manifest)
     if damage is not None:
-        raise click.ClickException(
-            f"{run_dir}: damaged run: {damage}; it cannot be kept: pass --overwrite to "
-            "simulate it again"
-        )
-    unchecked = rows_unchecked(run_dir, manifest)
-    if unchecked is not None:
-        raise click.ClickException(
-            f"{run_dir}: its rows cannot be checked: {unchecked}; it cannot be kept: pass "
-            "--overwrite to simulate it again"
-        )
-    added = rows_added(run_dir, manifest)
-    if added is not None:
-        raise click.ClickException(
-            f"{run_dir}: {added}: {_ADDED_ROWS} to keep the run, or pass --overwrite to "
-            "simulate it again"
-        )
+        why: str | None = f"damaged run: {damage}"
+    else:
+        unchecked = rows_unchecked(run_dir, manifest)
+        why = None if unchecked is None else f"its rows cannot be checked: {unchecked}"
+    refusal = _changed_rows_refusal(
+        run_dir, why, added, "pass --overwrite to simulate it again", "it cannot be kept: "
+    )
+    if refusal is not None:
+        raise click.ClickException(refusal)
 
 
 #: How a refusal names a setting of ``_simulation_identity`` that differs from the run's: the
@@ -212,9 +212,9 @@ def _refuse_foreign_report_folder(run_dir: str) -> None:
     folder = Path(run_dir) / "report"
     if not _replaceable_report(folder):
         raise click.ClickException(
-            f"{folder} exists and is no report (neither report.html nor {REPORT_ID} in it): "
-            "not replacing it with the kept run's report; move its files away, or write the "
-            f"report elsewhere: {_report_command(run_dir)}"
+            f"{folder} exists and is no report ({_NO_REPORT}): not replacing it with the kept "
+            "run's report; move its files away, or write the report elsewhere: "
+            f"{_report_command(run_dir)}"
         )
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import stat
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Final
 
@@ -96,6 +97,10 @@ def _render(session: Any, run_dir: str, out: Path | None, spark_tasks: int | Non
 #: The file in a report's folder holding the id of the render that wrote it.
 REPORT_ID: Final = "report-id.txt"
 
+#: Why a folder is not taken for an earlier report (see ``_replaceable_report``), true whether
+#: or not it holds a ``REPORT_ID`` of another's.
+_NO_REPORT: Final = f"no report.html in it, and no {REPORT_ID} holding a report's id"
+
 
 def _check_report_out(out: Path) -> None:
     """The report goes to a hidden sibling of ``out``, then replaces ``out``: refuse a folder
@@ -104,17 +109,38 @@ def _check_report_out(out: Path) -> None:
     given, out = out, _resolved(out, f"--out {out}")
     if not _replaceable_report(out):
         raise click.ClickException(
-            f"{out} exists and is no report (neither report.html nor {REPORT_ID} in it): not "
-            "replacing it; give an empty or new folder as --out"
+            f"{out} exists and is no report ({_NO_REPORT}): not replacing it; give an empty "
+            "or new folder as --out"
         )
     _check_out_folder(out.parent, given=given)
 
 
-#: What a file added among a run's rows does, and the remedy that keeps the run.
-_ADDED_ROWS: Final = (
-    "Spark reads every file in rebalances/assignor=... as the run's rows; move it out of the "
-    "run's folder"
-)
+def _changed_rows_refusal(
+    run_dir: str, why: str | None, added: Sequence[str], remedy: str, refused: str = ""
+) -> str | None:
+    """The line refusing the local run in ``run_dir`` whose rows are not those it wrote, or
+    None: ``why`` (its damage, or why its rows cannot be checked) and the files ``added``
+    among them (``rows_added``), each named, with ``remedy`` (``--overwrite``, after
+    ``refused`` when the run is damaged). An added file is the user's and Spark would read it
+    as rows: moving it out keeps the run (alone) or the file (beside damage), and the remedy
+    says that ``--overwrite`` deletes it."""
+    from ..pipeline.runs import added_text
+
+    if why is None and not added:
+        return None
+    if not added:
+        return f"{run_dir}: {why}; {refused}{remedy}"
+    it = "it" if len(added) == 1 else "them"
+    if why is None:
+        return (
+            f"{run_dir}: {added_text(added)}: Spark reads every file in rebalances/assignor=... "
+            f"as the run's rows; move {it} out of the run's folder to keep the run, or {remedy} "
+            f"(deleting {it} with the run)"
+        )
+    return (
+        f"{run_dir}: {why}, and {added_text(added)}; {refused}{remedy} (deleting {it} with the "
+        f"run: move {it} out of the run's folder first to keep {it})"
+    )
 
 
 def _refuse_changed_rows(run_dir: str, manifest: dict[str, Any]) -> None:
@@ -126,17 +152,16 @@ def _refuse_changed_rows(run_dir: str, manifest: dict[str, Any]) -> None:
 
     if not isinstance(manifest.get(ROW_SHA256), dict):
         return
-    damage = rows_damage(run_dir, manifest)
-    if damage is not None:
-        raise click.ClickException(
-            f"{run_dir}: damaged run: {damage}; run streamassign simulate again with --overwrite"
-        )
     added = rows_added(run_dir, manifest)
-    if added is not None:
-        raise click.ClickException(
-            f"{run_dir}: {added}: {_ADDED_ROWS}, or run streamassign simulate again "
-            "with --overwrite"
-        )
+    damage = rows_damage(run_dir, manifest)
+    refusal = _changed_rows_refusal(
+        run_dir,
+        None if damage is None else f"damaged run: {damage}",
+        added,
+        "run streamassign simulate again with --overwrite",
+    )
+    if refusal is not None:
+        raise click.ClickException(refusal)
 
 
 @main.command()

@@ -53,6 +53,7 @@ __all__ = [
     "Files",
     "HadoopFiles",
     "LocalFiles",
+    "added_text",
     "check_executor_code",
     "check_rows_read",
     "check_run",
@@ -531,9 +532,9 @@ def rows_damage(run_dir: str, manifest: Mapping[str, Any]) -> str | None:
     :data:`ROW_SHA256`: a file deleted, with its checksum file or not, one of another size,
     bytes changed), else against the checksum file Spark's local writer leaves beside each
     one. A run whose manifest lists none (older code, or written to a remote folder) is
-    checked by its checksum files alone. Files added are :func:`rows_added`'s. ``run_damage``
-    sees none of these, and a rerun must not keep such a run (every byte is read once: README
-    command 1's 1.5 MB in milliseconds)."""
+    checked by its checksum files alone. A file that cannot be read is said as such. Files
+    added are :func:`rows_added`'s. ``run_damage`` sees none of these, and a rerun must not
+    keep such a run (every byte is read once: README command 1's 1.5 MB in milliseconds)."""
     listed, digests = manifest.get(ROW_FILES), manifest.get(ROW_SHA256)
     if not isinstance(listed, dict):
         return checksum_damage(run_dir)
@@ -542,16 +543,27 @@ def rows_damage(run_dir: str, manifest: Mapping[str, Any]) -> str | None:
     if damage is not None or not isinstance(digests, dict):
         return damage or checksum_damage(run_dir)
     for shown in sorted(listed):
-        if digests.get(shown) != _sha256(rows / shown):
+        try:
+            found = _sha256(rows / shown)
+        except OSError as exc:
+            return _unreadable(shown, exc)
+        if digests.get(shown) != found:
             return f"{REBALANCES}/{shown} has bytes changed since it was written"
     return None
 
 
-def rows_added(run_dir: str, manifest: Mapping[str, Any]) -> str | None:
-    """A file under a local run's ``rebalances/`` that the run did not write and Spark would
+def _unreadable(shown: str, exc: OSError) -> str:
+    """A run's file ``shown`` (its path under ``rebalances/``) that ``exc`` kept from being
+    read (a permission, a disk error), said in a line: its bytes cannot be checked."""
+    return f"{REBALANCES}/{shown} cannot be read ({exc.strerror or exc})"
+
+
+def rows_added(run_dir: str, manifest: Mapping[str, Any]) -> list[str]:
+    """The files under a local run's ``rebalances/`` that the run did not write and Spark would
     read with its rows (not in its manifest's :data:`ROW_FILES`; without a list, a Parquet file
-    without the checksum file the others have), said as such; None if there is none, or
-    nothing to tell by (``rows_unchecked``)."""
+    without the checksum file the others have), by their paths under the run (``rebalances/...``);
+    none if there is none, or nothing to tell by (``rows_unchecked``). :func:`added_text` says
+    them."""
     rows = Path(run_dir) / REBALANCES
     found = row_files(LocalFiles(), run_dir)
     listed = manifest.get(ROW_FILES)
@@ -561,9 +573,17 @@ def rows_added(run_dir: str, manifest: Mapping[str, Any]) -> str | None:
         added = [shown for shown in found if not (rows / _checksum_name(shown)).is_file()]
     else:
         added = []
-    if not added:
-        return None
-    return f"{REBALANCES}/{added[0]} is not a file the run wrote (added from elsewhere?)"
+    return [f"{REBALANCES}/{shown}" for shown in added]
+
+
+def added_text(added: Sequence[str]) -> str:
+    """What :func:`rows_added` found (``added``: one file or more), named in one sentence."""
+    if len(added) == 1:
+        return f"{added[0]} is not a file the run wrote (added from elsewhere?)"
+    return (
+        f"{', '.join(added[:-1])} and {added[-1]} are not files the run wrote (added from "
+        "elsewhere?)"
+    )
 
 
 def _checksum_name(shown: str) -> str:
@@ -604,16 +624,19 @@ def _listing_damage(found: Mapping[str, int], listed: Mapping[str, Any]) -> str 
 def checksum_damage(run_dir: str) -> str | None:
     """What the Parquet files under a local run's ``rebalances/`` show against the checksum
     file Spark's local writer leaves beside each one: a file deleted (its checksum remains),
-    bytes changed. None if every checksum file matches its file, or there is none
-    (``rows_unchecked`` says so when nothing else checks the run; a file without one is
-    ``rows_added``'s)."""
+    bytes changed, one of them unreadable. None if every checksum file matches its file, or
+    there is none (``rows_unchecked`` says so when nothing else checks the run; a file without
+    one is ``rows_added``'s)."""
     rows = Path(run_dir) / REBALANCES
     for sidecar in sorted(rows.rglob(".*.parquet.crc")):
         data = sidecar.with_name(sidecar.name[1:].removesuffix(".crc"))
         shown = data.relative_to(rows).as_posix()
         if not data.is_file():
             return f"{REBALANCES}/{shown} is missing (its checksum file remains)"
-        why = _checksum_mismatch(data, sidecar.read_bytes())
+        try:
+            why = _checksum_mismatch(data, sidecar.read_bytes())
+        except OSError as exc:
+            return _unreadable(shown, exc)
         if why is not None:
             return f"{REBALANCES}/{shown} {why}"
     return None

@@ -640,8 +640,9 @@ def test_report_refuses_an_out_folder_that_is_not_a_report_before_spark(
     code, out = invoke("report", str(run), "--out", str(tmp_path / "mine"))
     assert code == 1
     assert out == (
-        f"Error: {tmp_path / 'mine'} exists and is no report (neither report.html nor "
-        "report-id.txt in it): not replacing it; give an empty or new folder as --out\n"
+        f"Error: {tmp_path / 'mine'} exists and is no report (no report.html in it, and no "
+        "report-id.txt holding a report's id): not replacing it; give an empty or new folder as "
+        "--out\n"
     )
 
 
@@ -1785,15 +1786,32 @@ def test_a_kept_run_with_a_byte_changed_or_a_file_added_among_its_rows_is_refuse
     (run / "rebalances" / "notes.txt").write_text("mine")
     assert invoke(*command)[0] == 0
     (folder / "part-00000.parquet.orig").write_bytes(data)
+    shown = f"rebalances/{folder.name}/part-00000.parquet"
     code, out = invoke(*command)
     assert (code, out) == (
         1,
-        f"Error: {run}: rebalances/{folder.name}/part-00000.parquet.orig is not a file the run "
-        "wrote (added from elsewhere?): Spark reads every file in rebalances/assignor=... as "
-        "the run's rows; move it out of the run's folder to keep the run, or pass --overwrite "
-        "to simulate it again\n",
+        f"Error: {run}: {shown}.orig is not a file the run wrote (added from elsewhere?): Spark "
+        "reads every file in rebalances/assignor=... as the run's rows; move it out of the "
+        "run's folder to keep the run, or pass --overwrite to simulate it again (deleting it "
+        "with the run)\n",
     )
+    # Every file added is named in the one refusal, and so is damage beside them: the user
+    # hears of both before --overwrite deletes what was added.
+    (folder / "copy.parquet").write_bytes(data)
+    rows.write_bytes(bytes([data[0] ^ 1]) + data[1:])
+    code, out = invoke(*command)
+    assert (code, out) == (
+        1,
+        f"Error: {run}: damaged run: {shown} has bytes changed since it was written, and "
+        f"rebalances/{folder.name}/copy.parquet and {shown}.orig are not files the run wrote "
+        "(added from elsewhere?); it cannot be kept: pass --overwrite to simulate it again "
+        "(deleting them with the run: move them out of the run's folder first to keep them)\n",
+    )
+    rows.write_bytes(data)
+    code, out = invoke(*command)
+    assert code == 1 and "; move them out of the run's folder to keep the run, or" in out
     (folder / "part-00000.parquet.orig").rename(tmp_path / "moved.parquet")
+    (folder / "copy.parquet").rename(tmp_path / "copy.parquet")
     assert invoke(*command)[0] == 0
     assert page.read_text() == "the first run's"
 
@@ -1819,14 +1837,20 @@ def test_report_refuses_a_run_whose_rows_are_not_those_its_manifest_lists_before
         f"Error: {run}: damaged run: {shown} has bytes changed since it was written; run "
         "streamassign simulate again with --overwrite\n",
     )
-    rows.write_bytes(data)
     (rows.parent / "copy.parquet").write_bytes(data)
+    added = f"rebalances/{rows.parent.name}/copy.parquet is not a file the run wrote (added from "
     assert invoke("report", str(run)) == (
         1,
-        f"Error: {run}: rebalances/{rows.parent.name}/copy.parquet is not a file the run wrote "
-        "(added from elsewhere?): Spark reads every file in rebalances/assignor=... as the "
-        "run's rows; move it out of the run's folder, or run streamassign simulate again with "
-        "--overwrite\n",
+        f"Error: {run}: damaged run: {shown} has bytes changed since it was written, and {added}"
+        "elsewhere?); run streamassign simulate again with --overwrite (deleting it with the "
+        "run: move it out of the run's folder first to keep it)\n",
+    )
+    rows.write_bytes(data)
+    assert invoke("report", str(run)) == (
+        1,
+        f"Error: {run}: {added}elsewhere?): Spark reads every file in rebalances/assignor=... as "
+        "the run's rows; move it out of the run's folder to keep the run, or run streamassign "
+        "simulate again with --overwrite (deleting it with the run)\n",
     )
 
 
@@ -1847,13 +1871,14 @@ def test_a_kept_runs_report_folder_without_its_page_is_refused_before_spark_star
     code, out = invoke(*command)
     assert (code, out) == (
         1,
-        f"Error: {run / 'report'} exists and is no report (neither report.html nor "
-        "report-id.txt in it): not replacing it with the kept run's report; move its files "
-        f"away, or write the report elsewhere: streamassign report {run} --out OTHER\n",
+        f"Error: {run / 'report'} exists and is no report (no report.html in it, and no "
+        "report-id.txt holding a report's id): not replacing it with the kept run's report; "
+        f"move its files away, or write the report elsewhere: streamassign report {run} --out "
+        "OTHER\n",
     )
     assert (run / "report" / "by_event.csv").read_text() == "mine"
-    (run / "report" / "report-id.txt").write_text("not a run id\n")  # nobody's id: still mine
-    assert invoke(*command)[0] == 1
+    (run / "report" / "report-id.txt").write_text("build-42\n")  # another tool's: still mine
+    assert invoke(*command) == (code, out)  # said true with the file there too
 
 
 def test_a_report_folder_that_lost_only_its_page_is_rewritten_by_report_and_a_kept_run(

@@ -9,6 +9,7 @@ import os
 import shutil
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -916,13 +917,10 @@ def test_checksum_damage_finds_changed_bytes_and_deleted_or_added_files(tmp_path
     assert checksum_damage(str(tmp_path)) == f"{where} is missing (its checksum file remains)"
     (folder / ".part-0.parquet.crc").unlink()
     assert checksum_damage(str(tmp_path)) is None
-    assert rows_added(str(tmp_path), {}) is None
+    assert rows_added(str(tmp_path), {}) == []
     (folder / "part-9.parquet").write_bytes(b"PAR1")
     assert checksum_damage(str(tmp_path)) is None
-    assert rows_added(str(tmp_path), {}) == (
-        "rebalances/assignor=task%3Asticky/part-9.parquet is not a file the run wrote (added "
-        "from elsewhere?)"
-    )
+    assert rows_added(str(tmp_path), {}) == ["rebalances/assignor=task%3Asticky/part-9.parquet"]
 
 
 def test_rows_damage_checks_the_files_sizes_and_digests_the_manifest_lists(
@@ -976,9 +974,69 @@ def test_rows_damage_checks_the_files_sizes_and_digests_the_manifest_lists(
     # Spark reads every file in a partition folder as rows, none beside them (a note).
     (tmp_path / "rebalances" / "notes.txt").write_text("mine")
     (folder / ".hidden").write_text("mine")
-    assert rows_added(str(tmp_path), manifest) is None
+    assert rows_added(str(tmp_path), manifest) == []
     (folder / "part-1.parquet.orig").write_bytes(b"PAR1")
     assert rows_damage(str(tmp_path), manifest) is None
-    assert rows_added(str(tmp_path), manifest) == (
-        f"{where}.orig is not a file the run wrote (added from elsewhere?)"
+    assert rows_added(str(tmp_path), manifest) == [f"{where}.orig"]
+
+
+def test_every_file_added_among_a_runs_rows_is_named_at_once(tmp_path: Path) -> None:
+    """Only the first file added was named: a user moving them out needed a rerun for each."""
+    from streamassign.pipeline.runs import ROW_FILES, LocalFiles, added_text, row_files, rows_added
+
+    folders = [tmp_path / "rebalances" / f"assignor={name}" for name in ("a", "b")]
+    for folder in folders:
+        folder.mkdir(parents=True)
+        (folder / "part-0.parquet").write_bytes(b"PAR1")
+    manifest = {ROW_FILES: row_files(LocalFiles(), str(tmp_path))}
+    (folders[1] / "copy.parquet").write_bytes(b"PAR1")
+    (folders[0] / "part-0.parquet.orig").write_bytes(b"PAR1")
+    (folders[0] / "notes.txt").write_text("mine")
+    added = rows_added(str(tmp_path), manifest)
+    assert added == [
+        "rebalances/assignor=a/notes.txt",
+        "rebalances/assignor=a/part-0.parquet.orig",
+        "rebalances/assignor=b/copy.parquet",
+    ]
+    assert added_text(added) == (
+        "rebalances/assignor=a/notes.txt, rebalances/assignor=a/part-0.parquet.orig and "
+        "rebalances/assignor=b/copy.parquet are not files the run wrote (added from elsewhere?)"
     )
+    assert added_text(added[2:]) == (
+        "rebalances/assignor=b/copy.parquet is not a file the run wrote (added from elsewhere?)"
+    )
+
+
+def test_a_run_file_that_cannot_be_read_is_said_in_a_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A row file the check could not open (a permission, a disk error) was a traceback: it
+    is the line naming it and why, by its digest or by its checksum file alike."""
+    from streamassign.pipeline.runs import (
+        ROW_FILES,
+        ROW_SHA256,
+        LocalFiles,
+        row_digests,
+        row_files,
+        rows_damage,
+    )
+
+    folder = tmp_path / "rebalances" / "assignor=task%3Asticky"
+    folder.mkdir(parents=True)
+    locked = folder / "part-0.parquet"
+    locked.write_bytes(b"PAR1")
+    (folder / ".part-0.parquet.crc").write_bytes(hadoop_checksums(b"PAR1"))
+    listed = {ROW_FILES: row_files(LocalFiles(), str(tmp_path))}
+    digested = listed | {ROW_SHA256: row_digests(str(tmp_path))}
+    opened = Path.open
+
+    def denied(path: Path, *args: Any, **kwargs: Any) -> Any:
+        if path == locked:
+            raise PermissionError(13, "Permission denied", str(path))
+        return opened(path, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "open", denied)
+    for manifest in (digested, listed, {}):  # by digest, by checksum file
+        assert rows_damage(str(tmp_path), manifest) == (
+            "rebalances/assignor=task%3Asticky/part-0.parquet cannot be read (Permission denied)"
+        ), manifest
