@@ -711,7 +711,7 @@ def test_a_damaged_run_is_described_as_damaged(tmp_path: Path) -> None:
     )
 
 
-def test_a_run_file_spark_cannot_read_is_a_damaged_run_naming_it(tmp_path: Path) -> None:
+def test_a_run_file_spark_cannot_read_is_a_damaged_run_naming_it() -> None:
     """Spark's read failure, as its message and trace put it, becomes the line a deleted file
     gets; any other failure is left alone."""
     from streamassign.errors import DamagedRunError
