@@ -123,18 +123,18 @@ def _standby_run_dir(
         manifest = read_manifest(files, where)
         if identity is None or manifest is None or not _same_simulation(manifest, identity):
             continue
+        if _other_code(manifest) is not None:
+            continue  # the "before" of a code change, damaged or not: never printed for deletion
         if rows_added(where, manifest):
             continue  # a file of someone's among its rows: simulate keeps it only once moved
         damaged = (
             run_damage(files, where) is not None
             or rows_damage(where, manifest) is not None
-            # Simulate would not keep a run of this code it cannot check. One of other code
-            # (sizes without digests, copied without checksum files) is checked as it can be.
-            or (rows_unchecked(where, manifest) is not None and _other_code(manifest) is None)
+            or rows_unchecked(where, manifest) is not None  # simulate would not keep it
         )
         if damaged and _holds_only_run_entries(where):
             return out, True, None  # nothing in it worth keeping
-        if not damaged and _other_code(manifest) is None:
+        if not damaged:
             return out, False, manifest
     raise AssertionError("unreachable: itertools.count never ends")
 

@@ -907,7 +907,9 @@ def test_plan_standbys_next_command_replaces_only_a_run_of_the_same_simulation(
         shutil.rmtree(folder)
         _a_run_of(words, folder, **other_code)
         assert _printed_next(monkeypatch, given)[0] == beside, other_code
-    # A damaged run of it (bytes changed) is redone where it is.
+    # A damaged run of this simulation by this code (bytes changed) is redone where it is.
+    shutil.rmtree(folder)
+    _a_run_of(words, folder)
     _damage(folder)
     assert _printed_next(monkeypatch, given)[0] == redo
     code, out = invoke(*redo[1:])
@@ -1028,6 +1030,29 @@ def test_plan_standbys_passes_by_a_run_of_other_code_copied_without_its_checksum
         words_now, _ = _printed_next(monkeypatch, given)
         assert "--overwrite" not in words_now
         assert words_now[-2:] == ["streamassign-runs/orders-enricher-standbys2-2", "--report"]
+
+
+@pytest.mark.parametrize("with_report", [False, True])
+def test_plan_standbys_passes_by_a_damaged_run_of_other_code(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, with_report: bool
+) -> None:
+    """A damaged run of the plan's settings by other code, alone in its folder: its
+    --overwrite would delete that code's run and report, which this code cannot write
+    again. It is passed by, as simulate does not call it damaged either."""
+    from streamassign.pipeline.runs import CODE_FINGERPRINT
+
+    monkeypatch.chdir(tmp_path)
+    folder = tmp_path / "streamassign-runs" / "orders-enricher-standbys2"
+    given = ["--scenarios", "3", "--steps", "5", "--param", "crash_per_client_hour=1"]
+    words, _ = _printed_next(monkeypatch, given)
+    _a_run_of(words, folder, **{CODE_FINGERPRINT: "0" * 64})
+    _damage(folder)
+    if with_report:
+        (folder / "report").mkdir()
+        (folder / "report" / "report.html").write_text("<html>older code's report</html>")
+    words_now, _ = _printed_next(monkeypatch, given)
+    assert "--overwrite" not in words_now
+    assert words_now[-2:] == ["streamassign-runs/orders-enricher-standbys2-2", "--report"]
 
 
 def test_plan_standbys_next_command_never_runs_in_the_plans_own_folder(
