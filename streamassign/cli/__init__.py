@@ -6,16 +6,16 @@ the sticky task assignor and the thread distribution, and prints tables (rich) o
 pipeline commands validate every input, then hand over to ``streamassign.pipeline.spark``.
 
 One module per command or family of commands, each adding its commands to the group ``main``
-(``group``) when imported here: ``plan``; ``explain`` (explain and diff); ``describe``;
-``simulate``, ``report`` and ``plan_standbys``. The modules they share: ``options``, ``console``
-and ``help`` (stdout and help formatting), ``inputs`` (topology and clients files), ``views``,
-``labels`` and ``snapshots`` (what plan, explain and describe print), ``connection`` and
+(``group``) when imported here: ``plan``; ``explain``; ``diff``; ``describe``; ``simulate``,
+``report`` and ``plan_standbys``. The modules they share: ``options``, ``console`` and ``help``
+(stdout and help formatting), ``inputs`` (topology and clients files), ``views``, ``labels``
+and ``snapshots`` (what plan, explain, diff and describe print and read), ``connection`` and
 ``describe_tables`` (describe's), ``extras``, ``jobs``, ``failures``, ``run_folders`` and
 ``kept_runs`` (the pipeline commands'), ``standby_runs`` (plan-standbys' next simulation).
 """
 
 # Imported for what importing them does: each adds its commands to ``main``.
-from . import describe, explain, plan, plan_standbys, report, simulate  # noqa: F401
+from . import describe, diff, explain, plan, plan_standbys, report, simulate  # noqa: F401
 from .group import TARGET_MISSED_EXIT, main
 from .inputs import load_clients, parse_partitions
 from .report import REPORT_ID

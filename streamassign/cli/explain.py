@@ -1,4 +1,5 @@
-"""``streamassign explain`` and ``diff``: compare saved assignments (or the last one with now)."""
+"""``streamassign explain``: every task that moved between two saved assignments (or at the last
+rebalance of one snapshot), and the rule that moved it."""
 
 from __future__ import annotations
 
@@ -6,14 +7,8 @@ import json
 from pathlib import Path
 
 import click
-from rich.table import Table
 
-from ..assignment import ClientAssignment
-from ..compare import (
-    SnapshotsCompared,
-    compare_snapshots,
-    landing_state,
-)
+from ..compare import landing_state
 from ..explain import (
     Snapshot,
     claim_conflicts,
@@ -27,13 +22,8 @@ from .console import _Stdout
 from .group import main
 from .labels import _process_labels
 from .options import _EXISTING_FILE, _acceptable_lag_option, _json_option
-from .snapshots import _read_saved
-from .views import _ids, _moves_json, _print_moves, _warn_conflicts
-
-_saved_arguments = [
-    click.argument("before", type=_EXISTING_FILE),
-    click.argument("after", type=_EXISTING_FILE),
-]
+from .snapshots import _compared_with, _read_saved
+from .views import _moves_json, _print_moves, _warn_conflicts
 
 
 @main.command(name="explain")
@@ -118,55 +108,3 @@ def _read_last(path: Path) -> Snapshot:
             "assignor)"
         )
     return now
-
-
-def _compared_with(old: Snapshot, new: Snapshot, before: Path, after: Path) -> SnapshotsCompared:
-    """BEFORE (``old``) as ``explain``/``diff`` compare it with AFTER (``new``)
-    (``compare.compare_snapshots``: a consumer group's tasks matched by partition), its note
-    of a renumbering and its warnings that the files may not be one group's said on stderr."""
-    compared = compare_snapshots(old, new, str(before), str(after))
-    for line in compared.lines:
-        click.echo(line, err=True)
-    return compared
-
-
-@main.command()
-@_saved_arguments[0]
-@_saved_arguments[1]
-@_json_option("a table")
-def diff(before: Path, after: Path, as_json: bool) -> None:
-    """Per client: tasks gained (+) and lost (-) from BEFORE to AFTER (saved assignments)."""
-    new_file = _read_saved(after, members=False)
-    old_file = _compared_with(_read_saved(before, members=False), new_file, before, after).before
-    old, new = old_file.views, new_file.views
-    rows = {}
-    for pid in sorted(old.keys() | new.keys()):
-        was = old[pid].assignment if pid in old else ClientAssignment()
-        now = new[pid].assignment if pid in new else ClientAssignment()
-        changes = {
-            f"{sign}{kind}": _ids(frozenset(getattr(a, kind)) - getattr(b, kind))
-            for kind in ("active", "standby", "warmup")
-            for sign, a, b in (("+", now, was), ("-", was, now))
-        }
-        if any(changes.values()) or (pid in old) != (pid in new):
-            status = "joined" if pid not in old else "left" if pid not in new else "changed"
-            rows[pid] = {"status": status, **changes}
-    if as_json:
-        click.echo(json.dumps(rows, indent=2))
-        return
-    if not rows:
-        click.echo(f"{before.name} -> {after.name}: no client changed")
-        return
-    # Named as describe and explain name them (unique among every client of both, as there):
-    # rich cut the ids' heads at 80 columns.
-    labels = _process_labels(old.keys() | new.keys())
-    table = Table(title=f"{before.name} -> {after.name}: {len(rows)} client(s) changed")
-    for col in ("client", "status", "active", "standby", "warmup"):
-        table.add_column(col)
-    for pid, row in rows.items():
-        cells = [
-            " ".join([*(f"+{t}" for t in row[f"+{k}"]), *(f"-{t}" for t in row[f"-{k}"])]) or "="
-            for k in ("active", "standby", "warmup")
-        ]
-        table.add_row(labels[pid], str(row["status"]), *cells)
-    _Stdout().print(table)

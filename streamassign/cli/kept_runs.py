@@ -14,7 +14,13 @@ import click
 from ..errors import installed_version
 from .failures import _one_line_failures
 from .jobs import _preflight, _session
-from .report import _render, _report_command
+from .report import (
+    _NO_REPORT,
+    _changed_rows_refusal,
+    _render,
+    _replaceable_report,
+    _report_command,
+)
 from .run_folders import _is_remote
 
 
@@ -65,21 +71,23 @@ def _refuse_damaged(run_dir: str, manifest: Mapping[str, Any]) -> None:
     """Refuse to keep the local run in ``run_dir`` (``manifest``: its manifest) if its Parquet
     files are not those it wrote (a file deleted or added, its size or bytes changed): its
     report, if any, shows rows it no longer holds, and a rerun without ``--overwrite`` would
-    keep it again. Likewise if nothing can check them, said as such (not as damage)."""
-    from ..pipeline.runs import rows_damage, rows_unchecked
+    keep it again. Likewise if nothing can check them, said as such (not as damage). A file
+    added among them is named either way: Spark would read it with the run's rows, moving it
+    away keeps the run if nothing else is wrong, and ``--overwrite`` would delete it."""
+    from ..pipeline.runs import rows_added, rows_damage, rows_unchecked
 
+    added = rows_added(run_dir, manifest)
     damage = rows_damage(run_dir, manifest)
     if damage is not None:
-        raise click.ClickException(
-            f"{run_dir}: damaged run: {damage}; it cannot be kept: pass --overwrite to "
-            "simulate it again"
-        )
-    unchecked = rows_unchecked(run_dir, manifest)
-    if unchecked is not None:
-        raise click.ClickException(
-            f"{run_dir}: its rows cannot be checked: {unchecked}; it cannot be kept: pass "
-            "--overwrite to simulate it again"
-        )
+        why: str | None = f"damaged run: {damage}"
+    else:
+        unchecked = rows_unchecked(run_dir, manifest)
+        why = None if unchecked is None else f"its rows cannot be checked: {unchecked}"
+    refusal = _changed_rows_refusal(
+        run_dir, why, added, "pass --overwrite to simulate it again", "it cannot be kept: "
+    )
+    if refusal is not None:
+        raise click.ClickException(refusal)
 
 
 #: How a refusal names a setting of ``_simulation_identity`` that differs from the run's: the
@@ -201,13 +209,11 @@ def _refuse_foreign_report_folder(run_dir: str) -> None:
     """Before Spark starts: refuse to write a kept run's report over ``DIR/report`` holding
     other files than a report, with the remedies that keep the run (simulate's ``--out`` is the
     run's folder: another one would simulate it all again)."""
-    from ..pipeline.runs import LocalFiles, replaceable
-
     folder = Path(run_dir) / "report"
-    if not replaceable(LocalFiles(), str(folder), "report.html"):
+    if not _replaceable_report(folder):
         raise click.ClickException(
-            f"{folder} exists and holds no report.html: not replacing it with the kept run's "
-            f"report; move its files away, or write the report elsewhere: "
+            f"{folder} exists and is no report ({_NO_REPORT}): not replacing it with the kept "
+            "run's report; move its files away, or write the report elsewhere: "
             f"{_report_command(run_dir)}"
         )
 

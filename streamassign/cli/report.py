@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import stat
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Final
 
@@ -31,14 +32,23 @@ def _report_command(run_dir: str) -> str:
     """The command that writes the report of the run in ``run_dir``: with ``--out`` for a
     remote run, and for a local one whose ``report/`` holds other files but no report.html
     (``report`` does not replace such a folder)."""
-    from ..pipeline.runs import LocalFiles, replaceable
-
     command = f"streamassign report {run_dir}"
     if _is_remote(run_dir):
         return f"{command} --out DIR"
-    if replaceable(LocalFiles(), str(Path(run_dir) / "report"), "report.html"):
+    if _replaceable_report(Path(run_dir) / "report"):
         return command
     return f"{command} --out OTHER"
+
+
+def _replaceable_report(folder: Path) -> bool:
+    """Whether a report may be written over ``folder``: it is absent or empty, or an earlier
+    report, by its page or by the id its render left (``REPORT_ID``, holding a run id: the
+    page alone deleted leaves the report's own files, which are nobody else's to keep)."""
+    from ..pipeline.runs import LocalFiles, is_run_id, replaceable
+
+    if replaceable(LocalFiles(), str(folder), "report.html"):
+        return True
+    return is_run_id(LocalFiles().read_text(str(folder / REPORT_ID)) or "")
 
 
 def _render(session: Any, run_dir: str, out: Path | None, spark_tasks: int | None = None) -> Path:
@@ -87,20 +97,71 @@ def _render(session: Any, run_dir: str, out: Path | None, spark_tasks: int | Non
 #: The file in a report's folder holding the id of the render that wrote it.
 REPORT_ID: Final = "report-id.txt"
 
+#: Why a folder is not taken for an earlier report (see ``_replaceable_report``), true whether
+#: or not it holds a ``REPORT_ID`` of another's.
+_NO_REPORT: Final = f"no report.html in it, and no {REPORT_ID} holding a report's id"
+
 
 def _check_report_out(out: Path) -> None:
     """The report goes to a hidden sibling of ``out``, then replaces ``out``: refuse a folder
     that is not an earlier report, or a parent the sibling cannot be written in."""
-    from ..pipeline.runs import LocalFiles, replaceable
-
     _refuse_dangling_link(out, f"--out {out}")
     given, out = out, _resolved(out, f"--out {out}")
-    if not replaceable(LocalFiles(), str(out), "report.html"):
+    if not _replaceable_report(out):
         raise click.ClickException(
-            f"{out} exists and holds no report.html: not replacing it; give an empty or new "
-            "folder as --out"
+            f"{out} exists and is no report ({_NO_REPORT}): not replacing it; give an empty "
+            "or new folder as --out"
         )
     _check_out_folder(out.parent, given=given)
+
+
+def _changed_rows_refusal(
+    run_dir: str, why: str | None, added: Sequence[str], remedy: str, refused: str = ""
+) -> str | None:
+    """The line refusing the local run in ``run_dir`` whose rows are not those it wrote, or
+    None: ``why`` (its damage, or why its rows cannot be checked) and the files ``added``
+    among them (``rows_added``), each named, with ``remedy`` (``--overwrite``, after
+    ``refused`` when the run is damaged). An added file is the user's and Spark would read it
+    as rows: moving it out keeps the run (alone) or the file (beside damage), and the remedy
+    says that ``--overwrite`` deletes it."""
+    from ..pipeline.runs import added_text
+
+    if why is None and not added:
+        return None
+    if not added:
+        return f"{run_dir}: {why}; {refused}{remedy}"
+    it = "it" if len(added) == 1 else "them"
+    if why is None:
+        return (
+            f"{run_dir}: {added_text(added)}: Spark reads every file in rebalances/assignor=... "
+            f"as the run's rows; move {it} out of the run's folder to keep the run, or {remedy} "
+            f"(deleting {it} with the run)"
+        )
+    return (
+        f"{run_dir}: {why}, and {added_text(added)}; {refused}{remedy} (deleting {it} with the "
+        f"run: move {it} out of the run's folder first to keep {it})"
+    )
+
+
+def _refuse_changed_rows(run_dir: str, manifest: dict[str, Any]) -> None:
+    """Before Spark starts: refuse a local run whose files are not those its manifest lists
+    with their digests (a byte changed, a file added: Spark would read them without a word
+    where no checksum file is beside them). A manifest without digests (older code) leaves it
+    to Spark's checksums and the rows' count."""
+    from ..pipeline.runs import ROW_SHA256, rows_added, rows_damage
+
+    if not isinstance(manifest.get(ROW_SHA256), dict):
+        return
+    added = rows_added(run_dir, manifest)
+    damage = rows_damage(run_dir, manifest)
+    refusal = _changed_rows_refusal(
+        run_dir,
+        None if damage is None else f"damaged run: {damage}",
+        added,
+        "run streamassign simulate again with --overwrite",
+    )
+    if refusal is not None:
+        raise click.ClickException(refusal)
 
 
 @main.command()
@@ -120,7 +181,7 @@ def report(run_dir: str, out: Path | None, master: str | None, spark_tasks: int 
         raise click.ClickException(f"{run_dir} is not a local directory: give --out")
     if not _is_remote(run_dir):
         try:
-            check_run(LocalFiles(), run_dir)
+            _refuse_changed_rows(run_dir, check_run(LocalFiles(), run_dir))
         except StreamAssignError as exc:
             raise click.ClickException(str(exc)) from exc
     _check_report_out(out or Path(run_dir) / "report")

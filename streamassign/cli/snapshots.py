@@ -7,6 +7,7 @@ from pathlib import Path
 
 import click
 
+from ..compare import SnapshotsCompared, compare_snapshots
 from ..errors import StreamAssignError
 from ..explain import (
     Snapshot,
@@ -40,3 +41,13 @@ def _read_saved(path: Path, *, members: bool = True) -> Snapshot:
     snapshot = _read_snapshot(path, members=members)
     _warn_conflicts(claim_conflicts(snapshot.views), str(path))
     return snapshot
+
+
+def _compared_with(old: Snapshot, new: Snapshot, before: Path, after: Path) -> SnapshotsCompared:
+    """BEFORE (``old``) as ``explain``/``diff`` compare it with AFTER (``new``)
+    (``compare.compare_snapshots``: a consumer group's tasks matched by partition), its note
+    of a renumbering and its warnings that the files may not be one group's said on stderr."""
+    compared = compare_snapshots(old, new, str(before), str(after))
+    for line in compared.lines:
+        click.echo(line, err=True)
+    return compared

@@ -92,9 +92,10 @@ def _standby_run_dir(
     """``streamassign-runs/NAME-standbysR``, whether ``--overwrite`` is needed there and the
     manifest of the run simulate keeps there. A run of the same simulation (``identity``) by
     this code, undamaged, is kept (no ``--overwrite``: simulate writes its report if missing);
-    a damaged one (or one nothing can check: simulate would not keep it) is replaced if it is
-    alone (the command redoes it). Past folders holding
-    anything else (a run of the same settings by other code: the "before" of a code change,
+    a damaged one (or one of this code nothing can check: simulate would not keep it) is
+    replaced if it is alone (the command redoes it). Past folders holding
+    anything else (a run with a file added among its rows, which ``--overwrite`` would delete;
+    a run of the same settings by other code: the "before" of a code change,
     which ``--overwrite`` would delete unsaid; a run of another model, rate, fleet, topology;
     what is no run) or the plan's own files (``plan_out``, written after this line: the run
     would be refused there, or its --overwrite would delete them), the first of ``-2``,
@@ -105,6 +106,7 @@ def _standby_run_dir(
         LocalFiles,
         describe_existing,
         read_manifest,
+        rows_added,
         rows_damage,
         rows_unchecked,
         run_damage,
@@ -121,6 +123,10 @@ def _standby_run_dir(
         manifest = read_manifest(files, where)
         if identity is None or manifest is None or not _same_simulation(manifest, identity):
             continue
+        if _other_code(manifest) is not None:
+            continue  # the "before" of a code change, damaged or not: never printed for deletion
+        if rows_added(where, manifest):
+            continue  # a file of someone's among its rows: simulate keeps it only once moved
         damaged = (
             run_damage(files, where) is not None
             or rows_damage(where, manifest) is not None
@@ -128,7 +134,7 @@ def _standby_run_dir(
         )
         if damaged and _holds_only_run_entries(where):
             return out, True, None  # nothing in it worth keeping
-        if not damaged and _other_code(manifest) is None:
+        if not damaged:
             return out, False, manifest
     raise AssertionError("unreachable: itertools.count never ends")
 

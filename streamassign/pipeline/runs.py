@@ -28,7 +28,7 @@ import signal
 import sys
 import urllib.parse
 import zlib
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, Literal, Protocol
 
@@ -48,10 +48,12 @@ __all__ = [
     "OTHER_CODE_LINE",
     "REBALANCES",
     "ROW_FILES",
+    "ROW_SHA256",
     "Code",
     "Files",
     "HadoopFiles",
     "LocalFiles",
+    "added_text",
     "check_executor_code",
     "check_rows_read",
     "check_run",
@@ -59,11 +61,14 @@ __all__ = [
     "code_fingerprint",
     "files_for",
     "is_remote",
+    "is_run_id",
     "new_run_id",
     "publish",
     "read_manifest",
     "replaceable",
+    "row_digests",
     "row_files",
+    "rows_added",
     "rows_damage",
     "rows_unchecked",
     "run_damage",
@@ -74,10 +79,14 @@ __all__ = [
     "write_manifest",
 ]
 
-#: The manifest's record of the Parquet files under ``rebalances/`` as the run wrote them: their
-#: paths under it and their sizes in bytes. A rerun checks them before it keeps the run (a file
-#: deleted with its checksum file, or copied without checksum files, shows there).
+#: The manifest's record of the files under ``rebalances/`` as the run wrote them (every file
+#: Spark reads there: its Parquet files): their paths under it and their sizes in bytes. A rerun
+#: checks them before it keeps the run (a file deleted with its checksum file, or copied without
+#: checksum files, or one added, shows there).
 ROW_FILES: Final = "row_files"
+#: The manifest's record of the same files' SHA-256 digests (hex): bytes changed show there
+#: whether or not a checksum file is beside them.
+ROW_SHA256: Final = "row_sha256"
 
 #: Where the rows and the manifest go under a run directory.
 REBALANCES: Final = "rebalances"
@@ -243,6 +252,14 @@ def new_run_id() -> str:
     return f"{stamp}-{secrets.token_hex(3)}"
 
 
+_RUN_ID: Final = re.compile(r"\d{8}T\d{6}Z-[0-9a-f]{6}")
+
+
+def is_run_id(text: str) -> bool:
+    """Whether ``text`` is an id :func:`new_run_id` makes (a line ending aside)."""
+    return _RUN_ID.fullmatch(text.removesuffix("\n")) is not None
+
+
 def _split(path: str) -> tuple[str, str]:
     """(parent, name) of a local path or URI, trailing slashes ignored."""
     trimmed = path.rstrip("/")
@@ -273,7 +290,8 @@ class Files(Protocol):
 
     def file_sizes(self, path: str, suffix: str) -> dict[str, int]:
         """The files under ``path`` (at any depth) named ``*suffix``, by their paths under it,
-        with their sizes; hidden ones (``.name``, ``_name``: Hadoop's) left out."""
+        with their sizes; those Spark leaves out when it reads the folder (``_spark_skips``)
+        left out."""
         ...
 
     def write_text(self, path: str, text: str) -> None:
@@ -313,9 +331,9 @@ class LocalFiles:
     def file_sizes(self, path: str, suffix: str) -> dict[str, int]:
         root = Path(path)
         return {
-            found.relative_to(root).as_posix(): found.stat().st_size
+            relative.as_posix(): found.stat().st_size
             for found in sorted(root.rglob(f"*{suffix}"))
-            if found.is_file() and not found.name.startswith((".", "_"))
+            if found.is_file() and not _spark_skips((relative := found.relative_to(root)).parts)
         }
 
     def write_text(self, path: str, text: str) -> None:
@@ -323,6 +341,16 @@ class LocalFiles:
         the same folder, which Spark skips, fsynced and renamed over ``path``)."""
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         write_atomically(path, text.encode("utf-8"))
+
+
+def _spark_skips(parts: Sequence[str]) -> bool:
+    """Whether Spark leaves a file out when it reads the folder above it (``parts``: its path
+    under that folder): a hidden name on the way (``.name``, ``_name`` but a partition's
+    ``_column=value``; Hadoop's ``_SUCCESS``, checksum files ``.NAME.crc``, ``_temporary/``)
+    or a file still being copied (``NAME._COPYING_``), as its file index does."""
+    return any(
+        part.startswith(".") or (part.startswith("_") and "=" not in part) for part in parts
+    ) or parts[-1].endswith("._COPYING_")
 
 
 def _naming_the_whole_path(function: Any, path: str, excinfo: Any) -> None:
@@ -397,9 +425,8 @@ class HadoopFiles:
         sizes, found = {}, fs.listFiles(jpath, True)
         while found.hasNext():
             status = found.next()
-            name = str(status.getPath().getName())
-            if name.endswith(suffix) and not name.startswith((".", "_")):
-                relative = str(status.getPath().toUri().getPath()).removeprefix(root)
+            relative = str(status.getPath().toUri().getPath()).removeprefix(root)
+            if relative.endswith(suffix) and not _spark_skips(relative.split("/")):
                 sizes[relative] = int(status.getLen())
         return dict(sorted(sizes.items()))
 
@@ -455,8 +482,23 @@ def _partition_folder(column: str, value: str) -> str:
 
 
 def row_files(files: Files, run_dir: str) -> dict[str, int]:
-    """The run's Parquet files as the manifest records them (:data:`ROW_FILES`)."""
-    return files.file_sizes(f"{run_dir.rstrip('/')}/{REBALANCES}", ".parquet")
+    """The files Spark reads as the run's rows, as the manifest records them (:data:`ROW_FILES`):
+    those in ``rebalances/``'s partition folders (``assignor=...``; a file beside them, a note,
+    is not read), hidden ones aside. The run writes only Parquet files there."""
+    found = files.file_sizes(f"{run_dir.rstrip('/')}/{REBALANCES}", "")
+    return {shown: size for shown, size in found.items() if "/" in shown}
+
+
+def row_digests(run_dir: str) -> dict[str, str]:
+    """The SHA-256 digests of the files :func:`row_files` lists of the local run in
+    ``run_dir`` (:data:`ROW_SHA256`)."""
+    rows = Path(run_dir) / REBALANCES
+    return {shown: _sha256(rows / shown) for shown in row_files(LocalFiles(), run_dir)}
+
+
+def _sha256(path: Path) -> str:
+    with path.open("rb") as data:
+        return hashlib.file_digest(data, "sha256").hexdigest()
 
 
 def run_damage(files: Files, run_dir: str) -> str | None:
@@ -485,37 +527,89 @@ _CRC_MAGIC: Final = b"crc\0"
 
 
 def rows_damage(run_dir: str, manifest: Mapping[str, Any]) -> str | None:
-    """What the Parquet files under a local run's ``rebalances/`` show against what the run
-    wrote, or None: against the paths and sizes its ``manifest`` lists (:data:`ROW_FILES`: a
-    file deleted, with its checksum file or not, one added, one of another size), then against
-    the checksum file Spark's local writer leaves beside each one (bytes changed). A run whose
-    manifest lists none (older code, or written to a remote folder) is checked by its checksum
-    files alone. ``run_damage`` sees none of these, and a rerun must not keep such a run
-    (milliseconds: every byte of a file with a checksum file is read once)."""
-    listed = manifest.get(ROW_FILES)
+    """What the files under a local run's ``rebalances/`` show against what the run wrote, or
+    None: against the paths, sizes and digests its ``manifest`` lists (:data:`ROW_FILES`,
+    :data:`ROW_SHA256`: a file deleted, with its checksum file or not, one of another size,
+    bytes changed), else against the checksum file Spark's local writer leaves beside each
+    one. A run whose manifest lists none (older code, or written to a remote folder) is
+    checked by its checksum files alone. A file that cannot be read is said as such. Files
+    added are :func:`rows_added`'s. ``run_damage`` sees none of these, and a rerun must not
+    keep such a run (every byte is read once: README command 1's 1.5 MB in milliseconds)."""
+    listed, digests = manifest.get(ROW_FILES), manifest.get(ROW_SHA256)
     if not isinstance(listed, dict):
         return checksum_damage(run_dir)
     rows = Path(run_dir) / REBALANCES
-    return _listing_damage(rows, listed) or checksum_damage(run_dir, every_file=False)
+    damage = _listing_damage(row_files(LocalFiles(), run_dir), listed)
+    if damage is not None or not isinstance(digests, dict):
+        return damage or checksum_damage(run_dir)
+    for shown in sorted(listed):
+        try:
+            found = _sha256(rows / shown)
+        except OSError as exc:
+            return _unreadable(shown, exc)
+        if digests.get(shown) != found:
+            return f"{REBALANCES}/{shown} has bytes changed since it was written"
+    return None
+
+
+def _unreadable(shown: str, exc: OSError) -> str:
+    """A run's file ``shown`` (its path under ``rebalances/``) that ``exc`` kept from being
+    read (a permission, a disk error), said in a line: its bytes cannot be checked."""
+    return f"{REBALANCES}/{shown} cannot be read ({exc.strerror or exc})"
+
+
+def rows_added(run_dir: str, manifest: Mapping[str, Any]) -> list[str]:
+    """The files under a local run's ``rebalances/`` that the run did not write and Spark would
+    read with its rows (not in its manifest's :data:`ROW_FILES`; without a list, a Parquet file
+    without the checksum file the others have), by their paths under the run (``rebalances/...``);
+    none if there is none, or nothing to tell by (``rows_unchecked``). :func:`added_text` says
+    them."""
+    rows = Path(run_dir) / REBALANCES
+    found = row_files(LocalFiles(), run_dir)
+    listed = manifest.get(ROW_FILES)
+    if isinstance(listed, dict):
+        added = sorted(set(found) - set(listed))
+    elif any(rows.rglob(".*.parquet.crc")):
+        added = [shown for shown in found if not (rows / _checksum_name(shown)).is_file()]
+    else:
+        added = []
+    return [f"{REBALANCES}/{shown}" for shown in added]
+
+
+def added_text(added: Sequence[str]) -> str:
+    """What :func:`rows_added` found (``added``: one file or more), named in one sentence."""
+    if len(added) == 1:
+        return f"{added[0]} is not a file the run wrote (added from elsewhere?)"
+    return (
+        f"{', '.join(added[:-1])} and {added[-1]} are not files the run wrote (added from "
+        "elsewhere?)"
+    )
+
+
+def _checksum_name(shown: str) -> str:
+    """``a/.b.crc``: where Hadoop's local writer puts the checksum file of ``a/b``."""
+    folder, _, name = shown.rpartition("/")
+    return f"{folder}/.{name}.crc" if folder else f".{name}.crc"
 
 
 def rows_unchecked(run_dir: str, manifest: Mapping[str, Any]) -> str | None:
-    """Why nothing can check the Parquet files of the local run in ``run_dir``, or None: its
-    manifest lists none (:data:`ROW_FILES`) and no checksum file is beside them."""
-    if isinstance(manifest.get(ROW_FILES), dict):
+    """Why nothing can check every byte of the files of the local run in ``run_dir``, or None:
+    its manifest lists none with their digests (:data:`ROW_FILES`, :data:`ROW_SHA256`) and no
+    checksum file is beside them."""
+    if isinstance(manifest.get(ROW_FILES), dict) and isinstance(manifest.get(ROW_SHA256), dict):
         return None
     if any((Path(run_dir) / REBALANCES).rglob(".*.parquet.crc")):
         return None
     return (
-        "its manifest lists no files (a run written to a remote folder, or by older code) and "
-        f"no checksum file (.*.parquet.crc) is under {REBALANCES}/ (copied without its dot "
-        "files, or written through a file system that writes none)"
+        "its manifest lists no files with their digests (a run written to a remote folder, or "
+        f"by older code) and no checksum file (.*.parquet.crc) is under {REBALANCES}/ (copied "
+        "without its dot files, or written through a file system that writes none)"
     )
 
 
-def _listing_damage(rows: Path, listed: Mapping[str, Any]) -> str | None:
-    """How the Parquet files under ``rows`` differ from ``listed`` (path under it: bytes)."""
-    found = LocalFiles().file_sizes(str(rows), ".parquet")
+def _listing_damage(found: Mapping[str, int], listed: Mapping[str, Any]) -> str | None:
+    """How the run's files ``found`` differ from ``listed`` (both path under ``rebalances/``:
+    bytes): one missing or of another size (one added is :func:`rows_added`'s)."""
     for shown, size in sorted(listed.items()):
         if shown not in found:
             return f"{REBALANCES}/{shown} is missing (the manifest lists it)"
@@ -524,34 +618,27 @@ def _listing_damage(rows: Path, listed: Mapping[str, Any]) -> str | None:
                 f"{REBALANCES}/{shown} changed size since it was written ({size:,} bytes "
                 f"then, {found[shown]:,} now)"
             )
-    added = sorted(set(found) - set(listed))
-    if added:
-        return f"{REBALANCES}/{added[0]} is not a file the run wrote (added from elsewhere?)"
     return None
 
 
-def checksum_damage(run_dir: str, *, every_file: bool = True) -> str | None:
+def checksum_damage(run_dir: str) -> str | None:
     """What the Parquet files under a local run's ``rebalances/`` show against the checksum
     file Spark's local writer leaves beside each one: a file deleted (its checksum remains),
-    bytes changed; with ``every_file``, a file without a checksum (added from elsewhere). None
-    if every checksum file matches its file, or there is none (``rows_unchecked`` says so
-    when nothing else checks the run)."""
+    bytes changed, one of them unreadable. None if every checksum file matches its file, or
+    there is none (``rows_unchecked`` says so when nothing else checks the run; a file without
+    one is ``rows_added``'s)."""
     rows = Path(run_dir) / REBALANCES
-    sidecars = sorted(rows.rglob(".*.parquet.crc"))
-    for sidecar in sidecars:
+    for sidecar in sorted(rows.rglob(".*.parquet.crc")):
         data = sidecar.with_name(sidecar.name[1:].removesuffix(".crc"))
         shown = data.relative_to(rows).as_posix()
         if not data.is_file():
             return f"{REBALANCES}/{shown} is missing (its checksum file remains)"
-        why = _checksum_mismatch(data, sidecar.read_bytes())
+        try:
+            why = _checksum_mismatch(data, sidecar.read_bytes())
+        except OSError as exc:
+            return _unreadable(shown, exc)
         if why is not None:
             return f"{REBALANCES}/{shown} {why}"
-    if not every_file or not sidecars:
-        return None
-    for data in rows.rglob("*.parquet"):
-        if not data.with_name(f".{data.name}.crc").is_file():
-            shown = data.relative_to(rows).as_posix()
-            return f"{REBALANCES}/{shown} has no checksum file (added from elsewhere?)"
     return None
 
 
@@ -1010,12 +1097,13 @@ def check_rows_read(
 
 
 #: Spark's failure to read one file of a run (``FAILED_READ_FILE``): the file, as a URI whose
-#: folder names are escaped once more (``assignor=task%253Asticky``). Only the two kinds a
-#: file's bytes cause: the others (a missing or unreadable file, a type mismatch, a file
-#: system) are not damage to the bytes.
+#: folder names are escaped once more (``assignor=task%253Asticky``) when a page cannot be
+#: read, as its path (``assignor=task%3Asticky``) when its footer cannot, whatever the file
+#: system. Only the two kinds a file's bytes cause: the others (a missing or unreadable file,
+#: a type mismatch, a file system) are not damage to the bytes.
 _FAILED_READ: Final = re.compile(
-    r"\[FAILED_READ_FILE\.(?:NO_HINT|CANNOT_READ_FILE_FOOTER)\] Encountered error while reading "
-    r"file (?P<uri>\S+?)\.?\s"
+    r"\[FAILED_READ_FILE\.(?P<kind>NO_HINT|CANNOT_READ_FILE_FOOTER)\] Encountered error while "
+    r"reading file (?P<uri>\S+?)\.?\s"
 )
 
 #: What a failure's causes say when the bytes are damaged (Hadoop's checksum, Parquet's own
@@ -1036,7 +1124,9 @@ def unreadable_file(run_dir: str, failure: str) -> DamagedRunError | None:
     found = _FAILED_READ.search(failure)
     if found is None or not any(cause in failure for cause in _DAMAGED_BYTES):
         return None
-    path = urllib.parse.unquote(urllib.parse.urlsplit(found["uri"]).path)
+    path = urllib.parse.urlsplit(found["uri"]).path
+    if found["kind"] != "CANNOT_READ_FILE_FOOTER":  # a footer's names the file unescaped
+        path = urllib.parse.unquote(path)
     marker = f"/{REBALANCES}/"
     shown = REBALANCES + "/" + path.split(marker, 1)[1] if marker in path else path
     why = (

@@ -34,6 +34,7 @@ from .runs import (
     OTHER_CODE_LINE,
     REBALANCES,
     ROW_FILES,
+    ROW_SHA256,
     SHIPPED_CODE_PREFIX,
     Code,
     check_executor_code,
@@ -41,6 +42,7 @@ from .runs import (
     files_for,
     is_local_master,
     is_remote,
+    row_digests,
     row_files,
     this_code,
     unreadable_file,
@@ -255,10 +257,11 @@ def run_simulation(
     """Simulate every scenario of ``job`` on the executors; write ``out/rebalances`` (Parquet,
     partitioned by assignor, with ``run_id`` and ``seed`` columns) and then, last,
     ``out/manifest`` (one JSON line; for a local ``out``, listing the Parquet files written
-    with their sizes: ``runs.ROW_FILES``). ``out`` must not hold rows yet: callers write into a
-    fresh folder and publish it (``runs.publish``). ``counter``: a fresh int accumulator to
-    count rows in (progress can read it as tasks finish). ``spark_tasks``: how many Spark tasks
-    share the scenarios (default: ``_slices``). Returns the rows written."""
+    with their sizes and digests: ``runs.ROW_FILES``, ``runs.ROW_SHA256``). ``out`` must not
+    hold rows yet: callers write into a fresh folder and publish it (``runs.publish``).
+    ``counter``: a fresh int accumulator to count rows in (progress can read it as tasks
+    finish). ``spark_tasks``: how many Spark tasks share the scenarios (default:
+    ``_slices``). Returns the rows written."""
     from pyspark.sql import functions as F
 
     sc = spark.sparkContext
@@ -279,7 +282,7 @@ def run_simulation(
     files = files_for(out, spark)
     full = {**manifest, "run_id": run_id, "rows": written}
     if not is_remote(out):  # a remote run is never kept, and Hadoop lists ~10 ms per file
-        full[ROW_FILES] = row_files(files, out)
+        full[ROW_FILES], full[ROW_SHA256] = row_files(files, out), row_digests(out)
     write_manifest(files, out, full)
     return written
 

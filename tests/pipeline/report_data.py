@@ -26,8 +26,8 @@ DATA = Path(__file__).with_name("report_data.json")
 #: Columns that measure the machine, not the assignments: never compared.
 TIMINGS = ("assign_ms_",)
 #: Manifest fields a run adds that differ between runs of the same job (its Parquet files' names
-#: hold a random id, their sizes vary with the timings in them).
-RUN_FIELDS = ("manifest.run_id", "manifest.row_files")
+#: hold a random id, their sizes and digests vary with the timings in them).
+RUN_FIELDS = ("manifest.run_id", "manifest.row_files", "manifest.row_sha256")
 
 
 #: Every assignor, in the registry's order.

@@ -640,8 +640,9 @@ def test_report_refuses_an_out_folder_that_is_not_a_report_before_spark(
     code, out = invoke("report", str(run), "--out", str(tmp_path / "mine"))
     assert code == 1
     assert out == (
-        f"Error: {tmp_path / 'mine'} exists and holds no report.html: not replacing it; give an "
-        "empty or new folder as --out\n"
+        f"Error: {tmp_path / 'mine'} exists and is no report (no report.html in it, and no "
+        "report-id.txt holding a report's id): not replacing it; give an empty or new folder as "
+        "--out\n"
     )
 
 
@@ -906,7 +907,9 @@ def test_plan_standbys_next_command_replaces_only_a_run_of_the_same_simulation(
         shutil.rmtree(folder)
         _a_run_of(words, folder, **other_code)
         assert _printed_next(monkeypatch, given)[0] == beside, other_code
-    # A damaged run of it (bytes changed) is redone where it is.
+    # A damaged run of this simulation by this code (bytes changed) is redone where it is.
+    shutil.rmtree(folder)
+    _a_run_of(words, folder)
     _damage(folder)
     assert _printed_next(monkeypatch, given)[0] == redo
     code, out = invoke(*redo[1:])
@@ -979,6 +982,16 @@ def test_plan_standbys_next_command_replaces_only_a_run_of_the_same_simulation(
         _damage(folder)
         words_now, _ = _printed_next(monkeypatch, given)
         assert words_now[-2:] == ["streamassign-runs/orders-enricher-standbys2-2", "--report"]
+    # A file added among its rows (simulate keeps it once moved out; --overwrite would delete
+    # it): passed by, damaged or not.
+    shutil.rmtree(folder)
+    _a_run_of(words, folder)
+    added = next((folder / "rebalances").glob("*/part-00000.parquet")).with_suffix(".orig")
+    added.write_text("mine")
+    words_now, _ = _printed_next(monkeypatch, given)
+    assert words_now[-2:] == ["streamassign-runs/orders-enricher-standbys2-2", "--report"]
+    _damage(folder)
+    assert _printed_next(monkeypatch, given)[0] == words_now
     # A report's leftovers of an interrupted render are the run's own.
     shutil.rmtree(folder)
     _a_run_of(words, folder)
@@ -991,6 +1004,54 @@ def test_plan_standbys_next_command_replaces_only_a_run_of_the_same_simulation(
     folder.mkdir()
     (folder / "notes.txt").write_text("x")
     words_now, _ = _printed_next(monkeypatch, given)
+    assert words_now[-2:] == ["streamassign-runs/orders-enricher-standbys2-2", "--report"]
+
+
+def test_plan_standbys_passes_by_a_run_of_other_code_copied_without_its_checksum_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run of the plan's settings by older code lists its files' sizes but no digests;
+    copied without its dot files (no .crc), it was taken for one nothing can check, thus
+    damaged, and the line was its --overwrite: the "before" of a code change, deleted. It is
+    passed by, as an intact run of other code is, and so is one listing no files at all."""
+    from streamassign.pipeline.runs import CODE_FINGERPRINT, ROW_FILES, LocalFiles, row_files
+
+    monkeypatch.chdir(tmp_path)
+    folder = tmp_path / "streamassign-runs" / "orders-enricher-standbys2"
+    given = ["--scenarios", "3", "--steps", "5", "--param", "crash_per_client_hour=1"]
+    words, _ = _printed_next(monkeypatch, given)
+    _a_run_of(words, folder, **{CODE_FINGERPRINT: "0" * 64})
+    path = folder / "manifest" / "part-00000.json"
+    manifest = json.loads(path.read_text())
+    for sidecar in (folder / "rebalances").rglob(".*.crc"):
+        sidecar.unlink()
+    for older in (manifest | {ROW_FILES: row_files(LocalFiles(), str(folder))}, manifest):
+        path.write_text(json.dumps(older))
+        words_now, _ = _printed_next(monkeypatch, given)
+        assert "--overwrite" not in words_now
+        assert words_now[-2:] == ["streamassign-runs/orders-enricher-standbys2-2", "--report"]
+
+
+@pytest.mark.parametrize("with_report", [False, True])
+def test_plan_standbys_passes_by_a_damaged_run_of_other_code(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, with_report: bool
+) -> None:
+    """A damaged run of the plan's settings by other code, alone in its folder: its
+    --overwrite would delete that code's run and report, which this code cannot write
+    again. It is passed by, as simulate does not call it damaged either."""
+    from streamassign.pipeline.runs import CODE_FINGERPRINT
+
+    monkeypatch.chdir(tmp_path)
+    folder = tmp_path / "streamassign-runs" / "orders-enricher-standbys2"
+    given = ["--scenarios", "3", "--steps", "5", "--param", "crash_per_client_hour=1"]
+    words, _ = _printed_next(monkeypatch, given)
+    _a_run_of(words, folder, **{CODE_FINGERPRINT: "0" * 64})
+    _damage(folder)
+    if with_report:
+        (folder / "report").mkdir()
+        (folder / "report" / "report.html").write_text("<html>older code's report</html>")
+    words_now, _ = _printed_next(monkeypatch, given)
+    assert "--overwrite" not in words_now
     assert words_now[-2:] == ["streamassign-runs/orders-enricher-standbys2-2", "--report"]
 
 
@@ -1102,6 +1163,15 @@ def test_report_refuses_a_run_missing_some_files_and_keeps_the_earlier_report(
     (run / "report" / "report.html").write_text("earlier")
     sticky = run / "rebalances" / "assignor=task%3Asticky"
     sticky.rename(tmp_path / "sticky")
+    # The manifest lists the run's files: the first one missing is named before Spark starts.
+    code, out = invoke("report", str(run))
+    assert code == 1 and out.startswith(
+        f"Error: {run}: damaged run: rebalances/assignor=task%3Asticky/part-"
+    )
+    assert out.endswith(
+        " is missing (the manifest lists it); run streamassign simulate again with --overwrite\n"
+    )
+    _list_rows(run, recorded=False)  # as a remote run's (or older code's): the rows tell
     from streamassign.pipeline import spark as sp
 
     def by_step(*a: Any) -> Any:  # a review: refused only after aggregating all of it
@@ -1658,14 +1728,14 @@ def test_a_damaged_run_is_never_kept_even_beside_its_report(
 def _list_rows(run: Path, recorded: bool = True) -> None:
     """Record in the manifest of ``run`` its Parquet files and sizes, as simulate writes them
     (``recorded`` False: leave them out, as older code did)."""
-    from streamassign.pipeline.runs import ROW_FILES, LocalFiles, row_files
+    from streamassign.pipeline.runs import ROW_FILES, ROW_SHA256, LocalFiles, row_digests, row_files
 
     path = run / "manifest" / "part-00000.json"
     manifest = json.loads(path.read_text())
     manifest.pop(ROW_FILES, None)
-    path.write_text(
-        json.dumps(manifest | ({ROW_FILES: row_files(LocalFiles(), str(run))} if recorded else {}))
-    )
+    manifest.pop(ROW_SHA256, None)
+    listed = {ROW_FILES: row_files(LocalFiles(), str(run)), ROW_SHA256: row_digests(str(run))}
+    path.write_text(json.dumps(manifest | (listed if recorded else {})))
 
 
 def test_a_kept_run_is_checked_against_the_files_its_manifest_lists(
@@ -1701,13 +1771,112 @@ def test_a_kept_run_is_checked_against_the_files_its_manifest_lists(
     code, out = invoke(*command)
     assert (code, out) == (
         1,
-        f"Error: {run}: its rows cannot be checked: its manifest lists no files (a run written "
-        "to a remote folder, or by older code) and no checksum file (.*.parquet.crc) is under "
-        "rebalances/ (copied "
-        "without its dot files, or written through a file system that writes none); it cannot "
-        "be kept: pass --overwrite to simulate it again\n",
+        f"Error: {run}: its rows cannot be checked: its manifest lists no files with their "
+        "digests (a run written to a remote folder, or by older code) and no checksum file "
+        "(.*.parquet.crc) is under rebalances/ (copied without its dot files, or written "
+        "through a file system that writes none); it cannot be kept: pass --overwrite to "
+        "simulate it again\n",
     )
     assert (run / "report" / "report.html").read_text() == "the first run's"
+
+
+def test_a_kept_run_with_a_byte_changed_or_a_file_added_among_its_rows_is_refused(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A run copied without its checksum files was kept with a byte changed (same size); one
+    with a copy of a Parquet file added beside it (``.orig``) was kept, and report then refused
+    it (31,775 rows read, 31,000 written). The manifest's digests tell the first; the second
+    says to move the file out, which keeps the run (--overwrite would delete it with the run).
+    A note beside the partition folders is not read by Spark: the run is kept."""
+    run = tmp_path / "run"
+    command = _a_kept_run(monkeypatch, run)
+    folder = next((run / "rebalances").glob("*/part-00000.parquet")).parent
+    page = run / "report" / "report.html"
+    page.parent.mkdir()
+    page.write_text("the first run's")
+    _list_rows(run)
+    for sidecar in (run / "rebalances").rglob(".*.crc"):  # copied without its dot files
+        sidecar.unlink()
+    rows = folder / "part-00000.parquet"
+    data = rows.read_bytes()
+    rows.write_bytes(bytes([data[0] ^ 1]) + data[1:])
+    code, out = invoke(*command)
+    assert (code, out) == (
+        1,
+        f"Error: {run}: damaged run: rebalances/{folder.name}/part-00000.parquet has bytes "
+        "changed since it was written; it cannot be kept: pass --overwrite to simulate it "
+        "again\n",
+    )
+    rows.write_bytes(data)
+    (run / "rebalances" / "notes.txt").write_text("mine")
+    assert invoke(*command)[0] == 0
+    (folder / "part-00000.parquet.orig").write_bytes(data)
+    shown = f"rebalances/{folder.name}/part-00000.parquet"
+    code, out = invoke(*command)
+    assert (code, out) == (
+        1,
+        f"Error: {run}: {shown}.orig is not a file the run wrote (added from elsewhere?): Spark "
+        "reads every file in rebalances/assignor=... as the run's rows; move it out of the "
+        "run's folder to keep the run, or pass --overwrite to simulate it again (deleting it "
+        "with the run)\n",
+    )
+    # Every file added is named in the one refusal, and so is damage beside them: the user
+    # hears of both before --overwrite deletes what was added.
+    (folder / "copy.parquet").write_bytes(data)
+    rows.write_bytes(bytes([data[0] ^ 1]) + data[1:])
+    code, out = invoke(*command)
+    assert (code, out) == (
+        1,
+        f"Error: {run}: damaged run: {shown} has bytes changed since it was written, and "
+        f"rebalances/{folder.name}/copy.parquet and {shown}.orig are not files the run wrote "
+        "(added from elsewhere?); it cannot be kept: pass --overwrite to simulate it again "
+        "(deleting them with the run: move them out of the run's folder first to keep them)\n",
+    )
+    rows.write_bytes(data)
+    code, out = invoke(*command)
+    assert code == 1 and "; move them out of the run's folder to keep the run, or" in out
+    (folder / "part-00000.parquet.orig").rename(tmp_path / "moved.parquet")
+    (folder / "copy.parquet").rename(tmp_path / "copy.parquet")
+    assert invoke(*command)[0] == 0
+    assert page.read_text() == "the first run's"
+
+
+def test_report_refuses_a_run_whose_rows_are_not_those_its_manifest_lists_before_spark(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """report read a run copied without its checksum files, a byte changed, without a word
+    (README command 1's run: the same report). Its manifest's digests tell, before Spark
+    starts; so does a file added among its rows (report then refused it only after reading
+    them, on their count)."""
+    run = tmp_path / "run"
+    _a_kept_run(monkeypatch, run)  # Spark never starts
+    _list_rows(run)
+    for sidecar in (run / "rebalances").rglob(".*.crc"):
+        sidecar.unlink()
+    rows = next((run / "rebalances").glob("*/part-00000.parquet"))
+    data = rows.read_bytes()
+    rows.write_bytes(bytes([data[0] ^ 1]) + data[1:])
+    shown = f"rebalances/{rows.parent.name}/part-00000.parquet"
+    assert invoke("report", str(run)) == (
+        1,
+        f"Error: {run}: damaged run: {shown} has bytes changed since it was written; run "
+        "streamassign simulate again with --overwrite\n",
+    )
+    (rows.parent / "copy.parquet").write_bytes(data)
+    added = f"rebalances/{rows.parent.name}/copy.parquet is not a file the run wrote (added from "
+    assert invoke("report", str(run)) == (
+        1,
+        f"Error: {run}: damaged run: {shown} has bytes changed since it was written, and {added}"
+        "elsewhere?); run streamassign simulate again with --overwrite (deleting it with the "
+        "run: move it out of the run's folder first to keep it)\n",
+    )
+    rows.write_bytes(data)
+    assert invoke("report", str(run)) == (
+        1,
+        f"Error: {run}: {added}elsewhere?): Spark reads every file in rebalances/assignor=... as "
+        "the run's rows; move it out of the run's folder to keep the run, or run streamassign "
+        "simulate again with --overwrite (deleting it with the run)\n",
+    )
 
 
 def test_a_kept_runs_report_folder_without_its_page_is_refused_before_spark_starts(
@@ -1727,11 +1896,56 @@ def test_a_kept_runs_report_folder_without_its_page_is_refused_before_spark_star
     code, out = invoke(*command)
     assert (code, out) == (
         1,
-        f"Error: {run / 'report'} exists and holds no report.html: not replacing it with the "
-        f"kept run's report; move its files away, or write the report elsewhere: streamassign "
-        f"report {run} --out OTHER\n",
+        f"Error: {run / 'report'} exists and is no report (no report.html in it, and no "
+        "report-id.txt holding a report's id): not replacing it with the kept run's report; "
+        f"move its files away, or write the report elsewhere: streamassign report {run} --out "
+        "OTHER\n",
     )
     assert (run / "report" / "by_event.csv").read_text() == "mine"
+    (run / "report" / "report-id.txt").write_text("build-42\n")  # another tool's: still mine
+    assert invoke(*command) == (code, out)  # said true with the file there too
+
+
+def test_a_report_folder_that_lost_only_its_page_is_rewritten_by_report_and_a_kept_run(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A kept run's report/ holding the report's own files and the id its render left, only
+    report.html deleted, was refused ("move its files away") though nothing in it is anyone
+    else's; so was it as report --out. The id tells an earlier report: it is written anew,
+    the old files replaced, with --report and by report alike (Spark's part faked)."""
+    from streamassign.pipeline import progress, report, spark
+
+    run = tmp_path / "run"
+    command = _a_kept_run(monkeypatch, run)
+    folder = run / "report"
+    folder.mkdir()
+    (folder / "by_event.csv").write_text("the earlier render's")
+    (folder / "report-id.txt").write_text("20261129T045102Z-3f9a1c\n")
+
+    @contextlib.contextmanager
+    def session(*a: Any) -> Iterator[Any]:
+        yield SimpleNamespace(conf=SimpleNamespace(set=lambda *a: None))
+
+    def render(data: Any, out_dir: str | Path) -> Path:
+        Path(out_dir).mkdir()
+        (Path(out_dir) / "report.html").write_text(f"rendered from {data}")
+        return Path(out_dir) / "report.html"
+
+    replace_in_cli(monkeypatch, "_session", session)
+    monkeypatch.setattr(spark, "aggregate", lambda session, run_dir: "the kept run")
+    monkeypatch.setattr(progress, "run_tracked", lambda s, d, c, action: action())
+    monkeypatch.setattr(report, "render_report", render)
+    code, out = invoke(*command)
+    assert code == 0, out
+    assert sorted(p.name for p in folder.iterdir()) == ["report-id.txt", "report.html"]
+    assert (folder / "report.html").read_text() == "rendered from the kept run"
+    (folder / "report.html").unlink()
+    code, out = invoke(*[arg for arg in command if arg != "--report"])
+    assert (code, out.splitlines()[-1]) == (0, f"next: streamassign report {run}")
+    monkeypatch.setattr("streamassign.cli.report._preflight", lambda master: None)
+    code, out = invoke("report", str(run))
+    assert code == 0, out
+    assert (folder / "report.html").read_text() == "rendered from the kept run"
 
 
 def test_a_rerun_over_a_run_of_other_code_is_refused_naming_its_fingerprint(

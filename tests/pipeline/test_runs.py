@@ -3,11 +3,13 @@ diagnoses of incomplete or empty runs (no Spark needed)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -738,6 +740,14 @@ def test_a_run_file_spark_cannot_read_is_a_damaged_run_naming_it() -> None:
     assert unreadable_file("/r/run", denied) is None  # intact bytes, not readable here
     timed_out = failure.split("\nCaused by:")[0] + "\nCaused by: java.net.SocketTimeoutException"
     assert unreadable_file("/r/run", timed_out) is None  # a remote store's read, not damage
+    # A footer that cannot be read names the file by its path ('%' not escaped): as it is,
+    # on a local disk or a remote store (nothing here to look the file up by).
+    for run in ("/r/run", "hdfs://nn:8020/r/run"):
+        part = f"{run}/rebalances/assignor=task%3Asticky/part-0.snappy.parquet"
+        footer = failure.replace("NO_HINT", "CANNOT_READ_FILE_FOOTER").replace(uri, part)
+        assert f"{run}: damaged run: rebalances/assignor=task%3Asticky/part-0" in str(
+            unreadable_file(run, footer)
+        ), run
 
 
 def test_the_code_fingerprint_changes_with_any_shipped_file_and_nothing_else(
@@ -879,16 +889,15 @@ def test_a_local_master_is_one_whose_workers_run_on_this_machine() -> None:
 def test_checksum_damage_finds_changed_bytes_and_deleted_or_added_files(tmp_path: Path) -> None:
     """What run_damage cannot see (one file of an assignor's several gone, a flipped byte)
     shows against the checksum files Spark's local writer leaves beside each Parquet file."""
-    from streamassign.pipeline.runs import checksum_damage, rows_unchecked
+    from streamassign.pipeline.runs import checksum_damage, rows_added, rows_unchecked
 
     folder = tmp_path / "rebalances" / "assignor=task%3Asticky"
     folder.mkdir(parents=True)
     assert checksum_damage(str(tmp_path)) is None  # nothing to check by: not damage
     assert rows_unchecked(str(tmp_path), {}) == (
-        "its manifest lists no files (a run written to a remote folder, or by older code) and no "
-        "checksum file "
-        "(.*.parquet.crc) is under rebalances/ (copied without its dot files, or written "
-        "through a file system that writes none)"
+        "its manifest lists no files with their digests (a run written to a remote folder, or "
+        "by older code) and no checksum file (.*.parquet.crc) is under rebalances/ (copied "
+        "without its dot files, or written through a file system that writes none)"
     )
     for name, size in (("part-0.parquet", 1500), ("part-1.parquet", 700)):
         data = bytes(range(256)) * (size // 256) + b"x" * (size % 256)
@@ -908,22 +917,26 @@ def test_checksum_damage_finds_changed_bytes_and_deleted_or_added_files(tmp_path
     assert checksum_damage(str(tmp_path)) == f"{where} is missing (its checksum file remains)"
     (folder / ".part-0.parquet.crc").unlink()
     assert checksum_damage(str(tmp_path)) is None
+    assert rows_added(str(tmp_path), {}) == []
     (folder / "part-9.parquet").write_bytes(b"PAR1")
-    assert checksum_damage(str(tmp_path)) == (
-        "rebalances/assignor=task%3Asticky/part-9.parquet has no checksum file (added from "
-        "elsewhere?)"
-    )
+    assert checksum_damage(str(tmp_path)) is None
+    assert rows_added(str(tmp_path), {}) == ["rebalances/assignor=task%3Asticky/part-9.parquet"]
 
 
-def test_rows_damage_checks_the_files_and_sizes_the_manifest_lists(tmp_path: Path) -> None:
+def test_rows_damage_checks_the_files_sizes_and_digests_the_manifest_lists(
+    tmp_path: Path,
+) -> None:
     """A Parquet file deleted together with its checksum file left nothing to check it by; a
     run without checksum files (``hdfs dfs -get``, a file system writing none) was called
-    damaged. The manifest lists the files the run wrote with their sizes: checked first, then
-    the checksum files there are."""
+    damaged, and then kept with a byte changed (same size). The manifest lists the files the
+    run wrote with their sizes and SHA-256 digests: checked, with checksum files or without."""
     from streamassign.pipeline.runs import (
         ROW_FILES,
+        ROW_SHA256,
         LocalFiles,
+        row_digests,
         row_files,
+        rows_added,
         rows_damage,
         rows_unchecked,
     )
@@ -939,13 +952,18 @@ def test_rows_damage_checks_the_files_and_sizes_the_manifest_lists(tmp_path: Pat
         "assignor=task%3Asticky/part-0.parquet": 4,
         "assignor=task%3Asticky/part-1.parquet": 4,
     }
-    manifest = {ROW_FILES: listed}
+    digest = hashlib.sha256(b"PAR1").hexdigest()
+    assert row_digests(str(tmp_path)) == dict.fromkeys(listed, digest)
+    manifest = {ROW_FILES: listed, ROW_SHA256: row_digests(str(tmp_path))}
     assert rows_damage(str(tmp_path), manifest) is None
-    for sidecar in folder.glob(".*.crc"):  # copied without its dot files: sizes still tell
+    for sidecar in folder.glob(".*.crc"):  # copied without its dot files: the list still tells
         sidecar.unlink()
     assert rows_damage(str(tmp_path), manifest) is None
     assert rows_unchecked(str(tmp_path), manifest) is None
+    assert rows_unchecked(str(tmp_path), {ROW_FILES: listed}) is not None  # sizes alone
     where = "rebalances/assignor=task%3Asticky/part-1.parquet"
+    (folder / "part-1.parquet").write_bytes(b"PAR2")  # same size
+    assert rows_damage(str(tmp_path), manifest) == f"{where} has bytes changed since it was written"
     (folder / "part-1.parquet").unlink()
     assert rows_damage(str(tmp_path), manifest) == f"{where} is missing (the manifest lists it)"
     (folder / "part-1.parquet").write_bytes(b"PAR1PAR1")
@@ -953,7 +971,72 @@ def test_rows_damage_checks_the_files_and_sizes_the_manifest_lists(tmp_path: Pat
         f"{where} changed size since it was written (4 bytes then, 8 now)"
     )
     (folder / "part-1.parquet").write_bytes(b"PAR1")
-    (folder / "part-2.parquet").write_bytes(b"PAR1")
-    assert rows_damage(str(tmp_path), manifest) == (
-        f"{where.replace('part-1', 'part-2')} is not a file the run wrote (added from elsewhere?)"
+    # Spark reads every file in a partition folder as rows, none beside them (a note).
+    (tmp_path / "rebalances" / "notes.txt").write_text("mine")
+    (folder / ".hidden").write_text("mine")
+    assert rows_added(str(tmp_path), manifest) == []
+    (folder / "part-1.parquet.orig").write_bytes(b"PAR1")
+    assert rows_damage(str(tmp_path), manifest) is None
+    assert rows_added(str(tmp_path), manifest) == [f"{where}.orig"]
+
+
+def test_every_file_added_among_a_runs_rows_is_named_at_once(tmp_path: Path) -> None:
+    """Only the first file added was named: a user moving them out needed a rerun for each."""
+    from streamassign.pipeline.runs import ROW_FILES, LocalFiles, added_text, row_files, rows_added
+
+    folders = [tmp_path / "rebalances" / f"assignor={name}" for name in ("a", "b")]
+    for folder in folders:
+        folder.mkdir(parents=True)
+        (folder / "part-0.parquet").write_bytes(b"PAR1")
+    manifest = {ROW_FILES: row_files(LocalFiles(), str(tmp_path))}
+    (folders[1] / "copy.parquet").write_bytes(b"PAR1")
+    (folders[0] / "part-0.parquet.orig").write_bytes(b"PAR1")
+    (folders[0] / "notes.txt").write_text("mine")
+    added = rows_added(str(tmp_path), manifest)
+    assert added == [
+        "rebalances/assignor=a/notes.txt",
+        "rebalances/assignor=a/part-0.parquet.orig",
+        "rebalances/assignor=b/copy.parquet",
+    ]
+    assert added_text(added) == (
+        "rebalances/assignor=a/notes.txt, rebalances/assignor=a/part-0.parquet.orig and "
+        "rebalances/assignor=b/copy.parquet are not files the run wrote (added from elsewhere?)"
     )
+    assert added_text(added[2:]) == (
+        "rebalances/assignor=b/copy.parquet is not a file the run wrote (added from elsewhere?)"
+    )
+
+
+def test_a_run_file_that_cannot_be_read_is_said_in_a_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A row file the check could not open (a permission, a disk error) was a traceback: it
+    is the line naming it and why, by its digest or by its checksum file alike."""
+    from streamassign.pipeline.runs import (
+        ROW_FILES,
+        ROW_SHA256,
+        LocalFiles,
+        row_digests,
+        row_files,
+        rows_damage,
+    )
+
+    folder = tmp_path / "rebalances" / "assignor=task%3Asticky"
+    folder.mkdir(parents=True)
+    locked = folder / "part-0.parquet"
+    locked.write_bytes(b"PAR1")
+    (folder / ".part-0.parquet.crc").write_bytes(hadoop_checksums(b"PAR1"))
+    listed = {ROW_FILES: row_files(LocalFiles(), str(tmp_path))}
+    digested = listed | {ROW_SHA256: row_digests(str(tmp_path))}
+    opened = Path.open
+
+    def denied(path: Path, *args: Any, **kwargs: Any) -> Any:
+        if path == locked:
+            raise PermissionError(13, "Permission denied", str(path))
+        return opened(path, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "open", denied)
+    for manifest in (digested, listed, {}):  # by digest, by checksum file
+        assert rows_damage(str(tmp_path), manifest) == (
+            "rebalances/assignor=task%3Asticky/part-0.parquet cannot be read (Permission denied)"
+        ), manifest

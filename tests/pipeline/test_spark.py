@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import hashlib
 import json
 import math
 import statistics
@@ -83,6 +84,10 @@ def test_parquet_rows_equal_the_pure_core_on_the_same_seeds(spark: Any, run: Run
     written = sorted((run.path / "rebalances").glob("*/*.parquet"))  # listed for a rerun's check
     assert manifest["row_files"] == {
         f"{path.parent.name}/{path.name}": path.stat().st_size for path in written
+    }
+    assert manifest["row_sha256"] == {
+        f"{path.parent.name}/{path.name}": hashlib.sha256(path.read_bytes()).hexdigest()
+        for path in written
     }
     timing = [c[0] for c in COLUMNS].index("assign_ms")
 
