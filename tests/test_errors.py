@@ -325,7 +325,9 @@ def installed_as(monkeypatch: pytest.MonkeyPatch, versions: dict[str, str]) -> N
     monkeypatch.setattr(importlib.metadata, "version", version)
 
 
-@pytest.mark.parametrize("installed", ["0.13.0", "0.9.2", "0.14.0rc1", "0.14.0.dev3"])
+@pytest.mark.parametrize(
+    "installed", ["0.13.0", "0.9.2", "0.14.0rc1", "0.14.0.dev3", "0.13.9+local", "v0.13"]
+)
 def test_a_package_below_its_extras_floor_names_the_version_the_range_and_the_command(
     monkeypatch: pytest.MonkeyPatch, installed: str
 ) -> None:
@@ -353,11 +355,16 @@ def test_a_package_below_its_extras_floor_names_the_version_the_range_and_the_co
     )
 
 
-@pytest.mark.parametrize("installed", ["0.14", "0.14.0", "0.14.0.post1", "0.14.2", "0.15.0"])
+@pytest.mark.parametrize(
+    "installed",
+    ["0.14", "0.14.0", "0.14.0.post1", "0.14.2", "0.15.0", "1!0.1", "0.14.0+local", "fork-7"],
+)
 def test_a_package_at_or_above_its_extras_floor_passes(
     monkeypatch: pytest.MonkeyPatch, installed: str
 ) -> None:
-    """Above the ceiling too: a newer version may work, and pip said so when installing it."""
+    """Above the ceiling too: a newer version may work, and pip said so when installing it.
+    An epoch (``1!``) orders above every version without one; a version pip cannot order (a
+    fork's own scheme) is not judged."""
     installed_as(monkeypatch, {"kafka-dist": installed})
     errors.require_extra("streamassign.thing", "runtime", {"json": "kafka-dist>=0.14,<0.15"})
 
