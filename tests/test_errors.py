@@ -253,7 +253,10 @@ def test_a_topology_without_tasks_is_still_a_config_error_to_hosts(
 _WITHOUT_EXTRA = """
 import importlib, json, sys
 from streamassign.errors import StreamAssignError
-seen = {"import streamassign loads importlib.metadata": "importlib.metadata" in sys.modules}
+seen = {
+    "import streamassign loads importlib.metadata": "importlib.metadata" in sys.modules,
+    "import streamassign loads packaging": "packaging" in sys.modules,
+}
 for package, name, blocked in [
     ("streamassign.aiokafka", None, "aiokafka"),
     ("streamassign.runtime", None, "aiokafka"),
@@ -289,6 +292,7 @@ def test_a_package_without_its_extra_names_the_extra_to_install() -> None:
     assert json.loads(ran.stdout) == {
         # About 20 ms of email, csv, zipfile...: only a version check needs it.
         "import streamassign loads importlib.metadata": False,
+        "import streamassign loads packaging": False,  # only an extra's floor check does
     } | {
         feature: missing(feature, module, distribution, extra)
         for feature, module, distribution, extra in [
@@ -325,7 +329,9 @@ def installed_as(monkeypatch: pytest.MonkeyPatch, versions: dict[str, str]) -> N
     monkeypatch.setattr(importlib.metadata, "version", version)
 
 
-@pytest.mark.parametrize("installed", ["0.13.0", "0.9.2", "0.14.0rc1", "0.14.0.dev3"])
+@pytest.mark.parametrize(
+    "installed", ["0.13.0", "0.9.2", "0.14.0rc1", "0.14.0.dev3", "0.13.9+local", "v0.13"]
+)
 def test_a_package_below_its_extras_floor_names_the_version_the_range_and_the_command(
     monkeypatch: pytest.MonkeyPatch, installed: str
 ) -> None:
@@ -353,11 +359,16 @@ def test_a_package_below_its_extras_floor_names_the_version_the_range_and_the_co
     )
 
 
-@pytest.mark.parametrize("installed", ["0.14", "0.14.0", "0.14.0.post1", "0.14.2", "0.15.0"])
+@pytest.mark.parametrize(
+    "installed",
+    ["0.14", "0.14.0", "0.14.0.post1", "0.14.2", "0.15.0", "1!0.1", "0.14.0+local", "fork-7"],
+)
 def test_a_package_at_or_above_its_extras_floor_passes(
     monkeypatch: pytest.MonkeyPatch, installed: str
 ) -> None:
-    """Above the ceiling too: a newer version may work, and pip said so when installing it."""
+    """Above the ceiling too: a newer version may work, and pip said so when installing it.
+    An epoch (``1!``) orders above every version without one; a version pip cannot order (a
+    fork's own scheme) is not judged."""
     installed_as(monkeypatch, {"kafka-dist": installed})
     errors.require_extra("streamassign.thing", "runtime", {"json": "kafka-dist>=0.14,<0.15"})
 
