@@ -274,6 +274,25 @@ def test_a_host_stopped_before_it_starts_makes_no_consumer(
     assert clients.started == [] and host.consumers == []
 
 
+def test_a_host_stopped_during_its_start_cannot_start_again(
+    tmp_path: Path, clients: Clients
+) -> None:
+    host = ProcessHost(ONE, bootstrap_servers="127.0.0.1:1", state_dir=tmp_path)
+
+    async def scenario() -> None:
+        starting = asyncio.ensure_future(host.start())
+        await until(lambda: joining(host))
+        async with asyncio.timeout(DEADLINE):
+            await host.stop()
+        with pytest.raises(StartStoppedError):
+            starting.result()
+        with pytest.raises(StartStoppedError, match="cannot start again: make a new one"):
+            await host.start()
+
+    asyncio.run(scenario())
+    assert clients.left_running() == [] and host.consumers == []
+
+
 def test_concurrent_consumer_stops_run_one_after_the_other(
     tmp_path: Path, clients: Clients
 ) -> None:
