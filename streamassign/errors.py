@@ -550,3 +550,11 @@ class StartStoppedError(StreamAssignError):
     ``stop()``): the start ends with it instead of waiting for a first assignment or for its
     clients' starts (for ever, while the broker is away); the stop closes what it made.
     ``App.run`` stopped so returns normally: the stop was asked for."""
+
+    @classmethod
+    def refusing_start(cls, what: str, started: bool, instead: str) -> StartStoppedError:
+        """``start()`` of ``what`` once it was stopped: before any start, or after one
+        (``started``; nothing restarts: ``instead`` says what to do)."""
+        if not started:
+            return cls(f"{what} was stopped before it started")
+        return cls(f"{what} was stopped and cannot start again: {instead}")

@@ -129,8 +129,7 @@ async def _cancelled_and_ended(tasks: set[asyncio.Future[Any]], what: str) -> se
         await asyncio.wait(tasks, timeout=RELEASE_STEP_TIMEOUT / 4)
     ended = {task for task in tasks if task.done()}
     for task in ended:
-        if not task.cancelled():
-            task.exception()
+        retrieve_failure(task)
     if len(ended) < len(tasks):
         raise TimeoutError(f"{len(tasks) - len(ended)} {what} did not end")
     return ended

@@ -893,11 +893,8 @@ class ProcessHost:
         Streams waits for it); ``begin_stop`` or ``stop`` during ``start`` ends it: it stops
         the consumers it started and raises ``StartStoppedError``."""
         if self._stopping:
-            if self._start_ended is None:
-                raise StartStoppedError("the process host was stopped before it started")
-            raise StartStoppedError(
-                "the process host was stopped and cannot start again: make a new one"
-            )
+            started = self._start_ended is not None
+            raise StartStoppedError.refusing_start("the process host", started, "make a new one")
         self._start_ended = asyncio.get_running_loop().create_future()
         try:
             await self._start_consumers()

@@ -398,11 +398,8 @@ class App:
         ``stop()`` during it ends it with ``StartStoppedError``: at once while its clients
         start or its consumers wait for their first assignment, else at its next step."""
         if self._stop_asked:
-            if self._start_ended is None:
-                raise StartStoppedError("the application was stopped before it started")
-            raise StartStoppedError(
-                "the application was stopped and cannot start again: make a new App"
-            )
+            started = self._start_ended is not None
+            raise StartStoppedError.refusing_start("the application", started, "make a new App")
         self._start_ended = asyncio.get_running_loop().create_future()
         try:
             await self._start_filtered()
