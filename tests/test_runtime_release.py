@@ -229,6 +229,62 @@ def test_a_task_producer_whose_stop_fails_is_released(
     ]
 
 
+def test_a_task_producer_whose_stop_raises_cancelled_error_is_released(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A producer's stop raising a ``CancelledError`` nobody asked for (its sender's routine,
+    cancelled, re-raises a request task's cancellation) while its close is not cancelled:
+    the close ended there, cancelled, and the task producers' stop (a gather of the closes,
+    exceptions returned) swallowed it, the sender and connections left running. Now it is a
+    failed stop, released like a cut one."""
+
+    async def scenario() -> None:
+        async with silent_broker() as broker:
+            producer = await started_producer(broker)
+
+            async def cancelled_stop() -> None:
+                producer._closed = True  # (aiokafka's stop, first)
+                raise asyncio.CancelledError
+
+            producer.stop = cancelled_stop
+            await asyncio.wait_for(runtime_transactions._close(producer, abort=False), 10)
+            assert aiokafka_tasks() == []
+
+    with caplog.at_level(logging.WARNING, "streamassign"):
+        asyncio.run(scenario())
+        assert asyncio_errors(caplog) == []
+    warnings = [r.getMessage() for r in caplog.records if r.name.startswith("streamassign")]
+    assert warnings == ["a task's producer did not close cleanly (its stop raised CancelledError)"]
+
+
+def test_a_cancelled_close_of_a_task_producer_is_still_cancelled(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A close cancelled while the producer stops (the application's stop cancelled) ends
+    cancelled, with no release (it would warn of each step it cannot do to this stand-in):
+    the cancel is the caller's, not a failed stop."""
+
+    async def scenario() -> None:
+        began = asyncio.Event()
+
+        class SlowStop:
+            async def stop(self) -> None:
+                began.set()
+                await asyncio.sleep(60)
+
+        closing_it = asyncio.ensure_future(
+            runtime_transactions._close(SlowStop(), abort=False)  # type: ignore[arg-type]
+        )
+        await began.wait()
+        closing_it.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await closing_it
+
+    with caplog.at_level(logging.WARNING, "streamassign"):
+        asyncio.run(asyncio.wait_for(scenario(), 5.0))
+    assert [r.getMessage() for r in caplog.records if r.name.startswith("streamassign")] == []
+
+
 def test_a_cut_abort_of_a_task_producer_leaves_nothing_running(
     caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -60,7 +60,7 @@ async def stop_within(name: str, client: Stoppable, abandoned: str, log: logging
         )
         return False
     except asyncio.CancelledError:
-        if _cancelled_itself():
+        if cancelled_itself():
             raise
         log.warning("%s did not stop cleanly (its stop raised CancelledError): %s", name, abandoned)
         return False
@@ -279,17 +279,18 @@ async def _release(
                 if inspect.isawaitable(result):
                     await result
         except asyncio.CancelledError:
-            if _cancelled_itself():
+            if cancelled_itself():
                 raise
             log.warning("%s: could not %s after its stop was cut (CancelledError)", name, what)
         except Exception as exc:
             log.warning("%s: could not %s after its stop was cut (%r)", name, what, exc)
 
 
-def _cancelled_itself() -> bool:
+def cancelled_itself() -> bool:
     """Whether the running task is being cancelled, rather than a ``CancelledError`` coming
     out of what it awaited: aiokafka's fetcher re-raises its fetch tasks' cancellation from
-    its close (the broker away), which must not end a stop and skip what follows it
-    (releasing the client, the stop's next steps)."""
+    its close (the broker away), a producer's stop a request task's that its sender awaited,
+    which must not end a stop and skip what follows it (releasing the client, the stop's
+    next steps)."""
     running = asyncio.current_task()
     return running is not None and running.cancelling() > 0
