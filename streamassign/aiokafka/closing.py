@@ -100,9 +100,11 @@ async def _end_fetches(fetcher: Any) -> None:
     awaits the fetches one at a time, and one in its retry backoff (the broker away) raises
     the cancel back, which ends the close there, the fetches after it still running (and
     logging "Failed fetch messages"). Dropped, the close does not await them again (nor
-    raise their cancel again). A fetcher without those attributes (another aiokafka
-    version; ``tests/test_runtime_release.py`` checks the installed one has them) is left
-    to its close."""
+    raise their cancel again). A routine that does not end in its wait (it caught the
+    cancel) still has its fetches cancelled, then the wait's ``TimeoutError`` is raised.
+    A fetcher without those attributes (another aiokafka version;
+    ``tests/test_runtime_release.py`` checks the installed one has them) is left to its
+    close."""
     routine = getattr(fetcher, "_fetch_task", None)
     pending = getattr(fetcher, "_pending_tasks", None)
     if not isinstance(routine, asyncio.Future) or not isinstance(pending, set):
