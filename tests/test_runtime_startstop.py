@@ -196,7 +196,8 @@ def test_a_coordinator_failure_in_the_turn_of_the_stop_is_logged(
     tmp_path: Path, clients: Clients, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A consumer's first assignment fails (its group coordinator) in the same turn of the
-    loop as the stop: the stop wins, and the failure is logged at DEBUG, not dropped."""
+    loop as the stop: the stop wins, and the failure is shown, not dropped: logged once at
+    WARNING (``App.run`` only logs the stopped start at INFO) and the error's cause."""
     host = ProcessHost(ONE, bootstrap_servers="127.0.0.1:1", state_dir=tmp_path)
 
     async def scenario() -> None:
@@ -208,13 +209,15 @@ def test_a_coordinator_failure_in_the_turn_of_the_stop_is_logged(
         stopping = asyncio.ensure_future(host.stop())
         async with asyncio.timeout(DEADLINE):
             await stopping
-        with pytest.raises(StartStoppedError):
+        with pytest.raises(StartStoppedError) as stopped:
             starting.result()
+        assert repr(stopped.value.__cause__) == "RuntimeError('coordinator died')"
 
-    with caplog.at_level(logging.DEBUG, logger="streamassign.aiokafka"):
+    with caplog.at_level(logging.WARNING, logger="streamassign.aiokafka"):
         asyncio.run(scenario())
-    assert "first assignment failed as the host stopped" in caplog.text
-    assert "coordinator died" in caplog.text
+    assert [r.getMessage() for r in caplog.records if "coordinator died" in r.getMessage()] == [
+        "a consumer's first assignment failed as the host stopped: RuntimeError('coordinator died')"
+    ]
     assert clients.left_running() == [] and clients.stopped_twice() == []
 
 
@@ -474,11 +477,16 @@ def test_a_second_stop_while_the_first_one_s_cut_expires_stops_every_client(
 
 
 def test_a_stop_while_failed_starts_unwind_waits_for_them(
-    tmp_path: Path, clients: Clients, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path,
+    clients: Clients,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     """The restore reader's start fails and the other starts, cancelled, still unwind when
     a stop comes: the start still waits for them (the stop wins: ``StartStoppedError``), so
-    the stop stops no client that is still starting."""
+    the stop stops no client that is still starting. The failure is not hidden: it is the
+    error's cause, and logged once at WARNING (``run()`` only logs the stopped start at
+    INFO)."""
     Steps(monkeypatch)
     app = make_app(tmp_path)
     clients.hold, clients.unwind = asyncio.Event(), asyncio.Event()  # hold: never set
@@ -493,10 +501,16 @@ def test_a_stop_while_failed_starts_unwind_waits_for_them(
         clients.unwind.set()
         async with asyncio.timeout(DEADLINE):
             await stopping
-        with pytest.raises(StartStoppedError):
+        with pytest.raises(StartStoppedError) as stopped:
             starting.result()
+        assert isinstance(stopped.value.__cause__, KafkaConnectionError)
 
-    asyncio.run(scenario())
+    with caplog.at_level(logging.WARNING, logger="streamassign.runtime"):
+        asyncio.run(scenario())
+    assert [r.getMessage() for r in caplog.records if "start failed" in r.getMessage()] == [
+        "a client's start failed as the start was stopped: KafkaConnectionError("
+        "\"Unable to bootstrap from [('127.0.0.1', 1)]\")"
+    ]
     assert clients.stopped_starting == []
     assert app._clients.producer is not None and app._clients.producer._closed
 
@@ -585,3 +599,45 @@ def test_an_app_stopped_after_its_start_cannot_start_again(
 
     asyncio.run(scenario())
     assert len(clients.started) == 4 and clients.left_running() == []
+
+
+# -- the clients' starts together (_all_or_none) -------------------------------------------------
+
+
+async def refused() -> None:
+    raise KafkaConnectionError("Unable to bootstrap from [('127.0.0.1', 1)]")
+
+
+def test_a_cancel_in_the_turn_after_a_start_failed_keeps_the_failure(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A cancel (a stop's cut, Ctrl-C) landing after a start failed and before the starts'
+    gather woke its waiter comes out of the gather in place of the failure: the failure
+    was lost without a line. The cancel still wins, raised from the failure, which is
+    logged once at WARNING."""
+
+    async def scenario() -> None:
+        loop = asyncio.get_running_loop()
+        job: asyncio.Future[None] | None = None
+
+        async def refused_then_cancel() -> None:
+            # Queued before the gather's callbacks: the cancel lands in the turn after
+            # them, once the gather is done and before its waiter runs.
+            assert job is not None
+            loop.call_soon(loop.call_soon, job.cancel)
+            await refused()
+
+        job = asyncio.ensure_future(
+            app_module._all_or_none([refused_then_cancel(), asyncio.Event().wait()])
+        )
+        with pytest.raises(asyncio.CancelledError) as cancelled:
+            async with asyncio.timeout(DEADLINE):
+                await job
+        assert isinstance(cancelled.value.__cause__, KafkaConnectionError)
+
+    with caplog.at_level(logging.WARNING, logger="streamassign.runtime"):
+        asyncio.run(scenario())
+    assert [r.getMessage() for r in caplog.records] == [
+        "a client's start failed as the start was stopped: KafkaConnectionError("
+        "\"Unable to bootstrap from [('127.0.0.1', 1)]\")"
+    ]

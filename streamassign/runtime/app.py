@@ -540,12 +540,15 @@ class App:
         try:
             async with cut:
                 await _all_or_none(starts)
-        except TimeoutError:
+        except TimeoutError as exc:
             if not cut.expired():  # raised by a start itself
                 raise
+            # asyncio.timeout raised this from the cut's CancelledError, which _all_or_none
+            # raised from a start's failure, if one failed.
+            cancel = exc.__cause__
             raise StartStoppedError(
                 "the application's start was stopped while its clients started"
-            ) from None
+            ) from (cancel.__cause__ if cancel is not None else None)
         finally:
             self._clients_cut = None
 
@@ -1585,20 +1588,36 @@ def _with_reason(exc: KafkaConnectionError, failure: ConnectFailure | None) -> K
 async def _all_or_none(starts: Sequence[Coroutine[Any, Any, None]]) -> None:
     """Run ``starts`` together; the first failure (or a cancel) cancels the others and is
     raised once every one has ended: a start left running would finish after its client
-    was stopped, or never end (a producer asking for its id while the broker is away)."""
+    was stopped, or never end (a producer asking for its id while the broker is away).
+    A cancel wins over a failure (the stop was asked for), which is then logged once at
+    WARNING and raised as the cancel's ``__cause__``."""
     running = [asyncio.ensure_future(start) for start in starts]
     try:
         await asyncio.gather(*running)
-    except BaseException as failure:
+    except BaseException as first:
+        # A cancel in the turn after a start failed comes out of the gather in its place.
+        cancel = first if isinstance(first, asyncio.CancelledError) else None
         for task in running:
             task.cancel()
-        cancel: asyncio.CancelledError | None = None
         while not all(task.done() for task in running):
             try:
                 await asyncio.wait(running)  # (their failures are retrieved by the gather)
             except asyncio.CancelledError as exc:  # a stop's cut or Ctrl-C: raised after
                 cancel = exc
-        if cancel is not None:  # the stop (or Ctrl-C) wins over the failure
-            log.debug("a client's start failed as the start was cut: %r", failure)
-            raise cancel from failure
-        raise
+        if cancel is None:
+            raise
+        failure = _start_failure(running)
+        if failure is None:
+            raise cancel from None
+        log.warning("a client's start failed as the start was stopped: %r", failure)
+        raise cancel from failure
+
+
+def _start_failure(starts: Sequence[asyncio.Future[None]]) -> BaseException | None:
+    """The first failure other than a cancel among ended ``starts``, if any."""
+    for start in starts:
+        if start.done() and not start.cancelled():
+            failure = start.exception()
+            if failure is not None and not isinstance(failure, asyncio.CancelledError):
+                return failure
+    return None
