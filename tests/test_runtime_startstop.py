@@ -47,6 +47,8 @@ class Clients:
         self.failing: Callable[[Any], bool] = lambda client: False
         self.unwind: asyncio.Event | None = None
         self.cancelled: list[Any] = []
+        self.unwind_outlives_a_cancel = False
+        self.recancelled: list[Any] = []
         self._starting: set[int] = set()
         self._stopping: set[int] = set()
         for cls in (AIOKafkaConsumer, AIOKafkaProducer):
@@ -69,13 +71,20 @@ class Clients:
 
     async def _held(self, client: Any, hold: asyncio.Event) -> None:
         """Wait for ``hold``; cancelled, first wait for ``unwind`` if set (a start whose
-        cleanup awaits)."""
+        cleanup awaits; with ``unwind_outlives_a_cancel``, one that goes on when cancelled
+        once more, recorded in ``recancelled``)."""
         try:
             await hold.wait()
         except asyncio.CancelledError:
             self.cancelled.append(client)
             if self.unwind is not None:
-                await self.unwind.wait()
+                try:
+                    await self.unwind.wait()
+                except asyncio.CancelledError:
+                    if not self.unwind_outlives_a_cancel:
+                        raise
+                    self.recancelled.append(client)
+                    await self.unwind.wait()
             raise
 
     def _stopper(self, stop: Callable[[Any], Awaitable[None]]) -> Callable[[Any], Any]:
@@ -483,22 +492,26 @@ def test_a_stop_while_failed_starts_unwind_waits_for_them(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     """The restore reader's start fails and the other starts, cancelled, still unwind when
-    a stop comes: the start still waits for them (the stop wins: ``StartStoppedError``), so
-    the stop stops no client that is still starting. The failure is not hidden: it is the
-    error's cause, and logged once at WARNING (``run()`` only logs the stopped start at
-    INFO)."""
+    a stop comes: the stop's cut is passed on to them, and the start still waits for them
+    (the stop wins: ``StartStoppedError``), so the stop stops no client that is still
+    starting. The failure is not hidden: it is the error's cause, and logged once at
+    WARNING (``run()`` only logs the stopped start at INFO)."""
     Steps(monkeypatch)
     app = make_app(tmp_path)
-    clients.hold, clients.unwind = asyncio.Event(), asyncio.Event()  # hold: never set
+    unwind = clients.unwind = asyncio.Event()
+    clients.hold, clients.unwind_outlives_a_cancel = asyncio.Event(), True  # hold: never set
     clients.failing = lambda client: client is app._clients.restorer
 
     async def scenario() -> None:
         starting = asyncio.ensure_future(app.start())
         await until(lambda: len(clients.cancelled) == 2)
         stopping = asyncio.ensure_future(app.stop())
-        await loop_turns(3)  # the stop's cut lands while the failed start waits
-        assert clients.unwind is not None and not starting.done()
-        clients.unwind.set()
+        try:  # (the unwinds end, should this fail: asyncio.run cancels them only once)
+            await until(lambda: len(clients.recancelled) == 2)  # the cut, passed on
+            await loop_turns(3)
+            assert not starting.done()
+        finally:
+            unwind.set()
         async with asyncio.timeout(DEADLINE):
             await stopping
         with pytest.raises(StartStoppedError) as stopped:
@@ -641,3 +654,36 @@ def test_a_cancel_in_the_turn_after_a_start_failed_keeps_the_failure(
         "a client's start failed as the start was stopped: KafkaConnectionError("
         "\"Unable to bootstrap from [('127.0.0.1', 1)]\")"
     ]
+
+
+def test_a_cancel_after_a_start_failed_reaches_a_start_that_caught_the_first() -> None:
+    """A start failed and the others were cancelled; one catches that cancel and goes on
+    (a cleanup that awaits). A later cancel (Ctrl-C) is passed on to it, as before any
+    failure, rather than held until that start ends by itself."""
+    seen: list[str] = []
+
+    async def catches_the_first_cancel() -> None:
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            seen.append("first cancel")
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            seen.append("second cancel")
+            raise
+
+    async def scenario() -> None:
+        job = asyncio.ensure_future(
+            app_module._all_or_none([refused(), catches_the_first_cancel()])
+        )
+        await until(lambda: seen == ["first cancel"])
+        job.cancel()
+        await asyncio.wait([job], timeout=DEADLINE)  # (awaited, a held job would hold this)
+        assert job.done(), "the cancel was held"
+        with pytest.raises(asyncio.CancelledError) as cancelled:
+            job.result()
+        assert isinstance(cancelled.value.__cause__, KafkaConnectionError)
+
+    asyncio.run(scenario())
+    assert seen == ["first cancel", "second cancel"]

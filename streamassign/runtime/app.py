@@ -1589,8 +1589,10 @@ async def _all_or_none(starts: Sequence[Coroutine[Any, Any, None]]) -> None:
     """Run ``starts`` together; the first failure (or a cancel) cancels the others and is
     raised once every one has ended: a start left running would finish after its client
     was stopped, or never end (a producer asking for its id while the broker is away).
-    A cancel wins over a failure (the stop was asked for), which is then logged once at
-    WARNING and raised as the cancel's ``__cause__``."""
+    Each later cancel (a stop's cut, Ctrl-C) is passed on to the starts still running, as
+    ``gather`` passes each on before a failure: a start that caught the first must not
+    hold the stop. A cancel wins over a failure (the stop was asked for), which is then
+    logged once at WARNING and raised as the cancel's ``__cause__``."""
     running = [asyncio.ensure_future(start) for start in starts]
     try:
         await asyncio.gather(*running)
@@ -1604,6 +1606,8 @@ async def _all_or_none(starts: Sequence[Coroutine[Any, Any, None]]) -> None:
                 await asyncio.wait(running)  # (their failures are retrieved by the gather)
             except asyncio.CancelledError as exc:  # a stop's cut or Ctrl-C: raised after
                 cancel = exc
+                for task in running:
+                    task.cancel()
         if cancel is None:
             raise
         failure = _start_failure(running)
