@@ -621,23 +621,29 @@ async def refused() -> None:
     raise KafkaConnectionError("Unable to bootstrap from [('127.0.0.1', 1)]")
 
 
-def test_a_cancel_in_the_turn_after_a_start_failed_keeps_the_failure(
-    caplog: pytest.LogCaptureFixture,
+@pytest.mark.parametrize("turn", ["same turn", "turn after"])
+def test_a_cancel_as_a_start_fails_wins_and_keeps_the_failure(
+    caplog: pytest.LogCaptureFixture, turn: str
 ) -> None:
-    """A cancel (a stop's cut, Ctrl-C) landing after a start failed and before the starts'
-    gather woke its waiter comes out of the gather in place of the failure: the failure
-    was lost without a line. The cancel still wins, raised from the failure, which is
-    logged once at WARNING."""
+    """A cancel (a stop's cut, Ctrl-C) landing in the turn after a start failed, before the
+    starts' gather woke its waiter, comes out of the gather in place of the failure (the
+    failure was lost without a line); one landing in the failure's own turn, before the
+    gather's callback ran, is taken by the gather, which ends with the failure (the stop
+    then raised the failure, Ctrl-C no KeyboardInterrupt). Either way the cancel wins,
+    raised from the failure, which is logged once at WARNING."""
 
     async def scenario() -> None:
         loop = asyncio.get_running_loop()
         job: asyncio.Future[None] | None = None
 
         async def refused_then_cancel() -> None:
-            # Queued before the gather's callbacks: the cancel lands in the turn after
-            # them, once the gather is done and before its waiter runs.
+            # Queued before the gather's callbacks: the cancel lands before them, or in the
+            # turn after them, once the gather is done and before its waiter runs.
             assert job is not None
-            loop.call_soon(loop.call_soon, job.cancel)
+            if turn == "same turn":
+                loop.call_soon(job.cancel)
+            else:
+                loop.call_soon(loop.call_soon, job.cancel)
             await refused()
 
         job = asyncio.ensure_future(
@@ -687,3 +693,31 @@ def test_a_cancel_after_a_start_failed_reaches_a_start_that_caught_the_first() -
 
     asyncio.run(scenario())
     assert seen == ["first cancel", "second cancel"]
+
+
+def test_the_failure_kept_is_the_first_not_one_a_cancel_caused() -> None:
+    """A start fails; another, cancelled for it, fails in its own unwind once a stop's cut
+    reaches it. The failure raised as the cancel's cause (and logged) is the first one, the
+    cause of the stop, not the unwind's, whatever the order the starts were listed in."""
+    unwinding = asyncio.Event()
+
+    async def fails_in_its_unwind() -> None:
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            unwinding.set()
+            try:
+                await asyncio.Event().wait()
+            except asyncio.CancelledError:
+                raise RuntimeError("its cleanup failed") from None
+
+    async def scenario() -> None:
+        job = asyncio.ensure_future(app_module._all_or_none([fails_in_its_unwind(), refused()]))
+        await until(unwinding.is_set)
+        job.cancel()
+        with pytest.raises(asyncio.CancelledError) as cancelled:
+            async with asyncio.timeout(DEADLINE):
+                await job
+        assert isinstance(cancelled.value.__cause__, KafkaConnectionError)
+
+    asyncio.run(scenario())

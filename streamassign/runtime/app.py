@@ -1593,6 +1593,7 @@ async def _all_or_none(starts: Sequence[Coroutine[Any, Any, None]]) -> None:
     ``gather`` passes each on before a failure: a start that caught the first must not
     hold the stop. A cancel wins over a failure (the stop was asked for), which is then
     logged once at WARNING and raised as the cancel's ``__cause__``."""
+    cancels_before = _cancels_asked()
     running = [asyncio.ensure_future(start) for start in starts]
     try:
         await asyncio.gather(*running)
@@ -1608,13 +1609,23 @@ async def _all_or_none(starts: Sequence[Coroutine[Any, Any, None]]) -> None:
                 cancel = exc
                 for task in running:
                     task.cancel()
+        if cancel is None and _cancels_asked() > cancels_before:
+            # A cancel in the same turn as the failure, before the gather's callback ran:
+            # the gather took it and ended with the failure; only the task's count keeps it.
+            cancel = asyncio.CancelledError()
         if cancel is None:
             raise
-        failure = _start_failure(running)
+        failure = _start_failure(running) if cancel is first else first
         if failure is None:
             raise cancel from None
         log.warning("a client's start failed as the start was stopped: %r", failure)
         raise cancel from failure
+
+
+def _cancels_asked() -> int:
+    """How many cancels were asked of the current task and not yet taken back."""
+    task = asyncio.current_task()
+    return task.cancelling() if task is not None else 0
 
 
 def _start_failure(starts: Sequence[asyncio.Future[None]]) -> BaseException | None:
