@@ -1615,7 +1615,7 @@ async def _all_or_none(starts: Sequence[Coroutine[Any, Any, None]]) -> None:
             cancel = asyncio.CancelledError()
         if cancel is None:
             raise
-        failure = _start_failure(running) if cancel is first else first
+        failure = _start_failure(running) if isinstance(first, asyncio.CancelledError) else first
         if failure is None:
             raise cancel from None
         log.warning("a client's start failed as the start was stopped: %r", failure)
