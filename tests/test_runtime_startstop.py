@@ -721,3 +721,68 @@ def test_the_failure_kept_is_the_first_not_one_a_cancel_caused() -> None:
         assert isinstance(cancelled.value.__cause__, KafkaConnectionError)
 
     asyncio.run(scenario())
+
+
+def test_a_cancel_after_the_failure_keeps_the_first_failure_as_cause() -> None:
+    """A cancel landing in the turn after the starts' gather ended with a start's failure
+    wakes the caller in the failure's place, while a start listed earlier turned its own
+    cancel into an error: the cause kept is still the failure the gather ended with."""
+
+    async def errors_on_its_cancel() -> None:
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            raise RuntimeError("its cleanup failed") from None
+
+    async def scenario() -> None:
+        loop = asyncio.get_running_loop()
+        job: asyncio.Future[None] | None = None
+
+        async def refused_then_cancel() -> None:
+            assert job is not None
+            loop.call_soon(loop.call_soon, job.cancel)  # the turn after the gather's
+            await refused()
+
+        job = asyncio.ensure_future(
+            app_module._all_or_none([errors_on_its_cancel(), refused_then_cancel()])
+        )
+        with pytest.raises(asyncio.CancelledError) as cancelled:
+            async with asyncio.timeout(DEADLINE):
+                await job
+        assert isinstance(cancelled.value.__cause__, KafkaConnectionError)
+
+    asyncio.run(scenario())
+
+
+def test_cancels_without_a_failure_raise_no_cause_and_no_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """No start failed: a start swallowing the first cancels and a second Ctrl-C end it as
+    a plain cancel; no cancel is ever logged or kept as a start's failure."""
+
+    async def swallows_two_cancels() -> None:
+        swallowed = 0
+        while True:
+            try:
+                await asyncio.Event().wait()
+            except asyncio.CancelledError:
+                if swallowed == 2:
+                    raise
+                swallowed += 1
+
+    async def scenario() -> None:
+        job = asyncio.ensure_future(
+            app_module._all_or_none([swallows_two_cancels(), asyncio.Event().wait()])
+        )
+        await loop_turns(3)
+        job.cancel()
+        await loop_turns(5)
+        job.cancel()
+        with pytest.raises(asyncio.CancelledError) as cancelled:
+            async with asyncio.timeout(DEADLINE):
+                await job
+        assert cancelled.value.__cause__ is None
+
+    with caplog.at_level(logging.WARNING, logger="streamassign.runtime"):
+        asyncio.run(scenario())
+    assert caplog.records == []

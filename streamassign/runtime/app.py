@@ -1595,8 +1595,9 @@ async def _all_or_none(starts: Sequence[Coroutine[Any, Any, None]]) -> None:
     logged once at WARNING and raised as the cancel's ``__cause__``."""
     cancels_before = _cancels_asked()
     running = [asyncio.ensure_future(start) for start in starts]
+    gathered = asyncio.gather(*running)
     try:
-        await asyncio.gather(*running)
+        await gathered
     except BaseException as first:
         # A cancel in the turn after a start failed comes out of the gather in its place.
         cancel = first if isinstance(first, asyncio.CancelledError) else None
@@ -1615,11 +1616,23 @@ async def _all_or_none(starts: Sequence[Coroutine[Any, Any, None]]) -> None:
             cancel = asyncio.CancelledError()
         if cancel is None:
             raise
-        failure = _start_failure(running) if isinstance(first, asyncio.CancelledError) else first
+        # The gather's own outcome first: a cancel in the turn after it ended with the
+        # failure replaced only what this task was woken with.
+        failure = _first_failure(gathered)
+        if failure is None:
+            failure = _start_failure(running)
         if failure is None:
             raise cancel from None
         log.warning("a client's start failed as the start was stopped: %r", failure)
         raise cancel from failure
+
+
+def _first_failure(gathered: asyncio.Future[Any]) -> BaseException | None:
+    """The failure ``gathered`` ended with, if it ended with one other than a cancel."""
+    if not gathered.done() or gathered.cancelled():
+        return None
+    failure = gathered.exception()
+    return None if isinstance(failure, asyncio.CancelledError) else failure
 
 
 def _cancels_asked() -> int:
