@@ -940,8 +940,12 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
 
     def _on_recovery_completed(self, sender: Any = None, **kwargs: Any) -> None:
         """Faust's ``on_rebalance_complete``, sent (on the main thread) just before its
-        recovery sets ``completed``: note the membership it completes in. Never raises: an
-        error would go through Faust's ``Signal.send`` and stop its recovery."""
+        recovery sets ``completed``: note the membership it completes in, unless the restore
+        was interrupted (``_recovery_interrupted``). Never raises: an error would go through
+        Faust's ``Signal.send`` and stop its recovery."""
+        if self._recovery_interrupted():
+            log.debug("Faust's recovery announced the completion of an interrupted restore")
+            return
         try:
             member = membership(self._consumer())
         except Exception:
@@ -951,6 +955,18 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
             )
             member = None
         self.recovery_scope.completed(member)
+
+    def _recovery_interrupted(self) -> bool:
+        """Whether Faust's recovery has been told to start over (a join's
+        ``signal_recovery_start``, cleared when it does). Told while it waits for the actives,
+        it raises out of that wait into an ``except Exception`` (faust-streaming 0.15.3), and
+        with no standby partition to start its next step announces the completion; it notices
+        at the wait after, before it sets ``completed``. A worker whose earlier completion a
+        reset voided counted that announcement as a completion in its new membership, with
+        the restore unfinished."""
+        recovery = getattr(self.app.tables, "recovery", None)
+        restart = getattr(recovery, "signal_recovery_start", None)
+        return restart is not None and bool(restart.is_set())
 
     def _recovery_joined(self) -> None:
         """A join completed (under either protocol): the scope's ``joined``."""
