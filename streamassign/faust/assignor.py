@@ -65,7 +65,7 @@ from ..protocol import (
 )
 from ..repeats import Repeats
 from ..streams import FAUST_PROTOCOL_NAME
-from ._app import aiokafka_consumer
+from ._app import aiokafka_consumer, recovery_interrupted
 from ._damaged import (
     Aside,
     DamagedTable,
@@ -941,12 +941,13 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
     def _on_recovery_completed(self, sender: Any = None, **kwargs: Any) -> None:
         """Faust's ``on_rebalance_complete``, sent (on the main thread) just before its
         recovery sets ``completed``: note the membership it completes in, unless the restore
-        was interrupted (``_recovery_interrupted``). Never raises: an error would go through
-        Faust's ``Signal.send`` and stop its recovery."""
-        if self._recovery_interrupted():
-            log.debug("Faust's recovery announced the completion of an interrupted restore")
-            return
+        was interrupted (``recovery_interrupted``: a worker whose earlier completion a reset
+        voided would count it in its new membership, with the restore unfinished). Never
+        raises: an error would go through Faust's ``Signal.send`` and stop its recovery."""
         try:
+            if recovery_interrupted(self.app):
+                log.debug("Faust's recovery announced the completion of an interrupted restore")
+                return
             member = membership(self._consumer())
         except Exception:
             log.exception(
@@ -955,18 +956,6 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
             )
             member = None
         self.recovery_scope.completed(member)
-
-    def _recovery_interrupted(self) -> bool:
-        """Whether Faust's recovery has been told to start over (a join's
-        ``signal_recovery_start``, cleared when it does). Told while it waits for the actives,
-        it raises out of that wait into an ``except Exception`` (faust-streaming 0.15.3), and
-        with no standby partition to start its next step announces the completion; it notices
-        at the wait after, before it sets ``completed``. A worker whose earlier completion a
-        reset voided counted that announcement as a completion in its new membership, with
-        the restore unfinished."""
-        recovery = getattr(self.app.tables, "recovery", None)
-        restart = getattr(recovery, "signal_recovery_start", None)
-        return restart is not None and bool(restart.is_set())
 
     def _recovery_joined(self) -> None:
         """A join completed (under either protocol): the scope's ``joined``."""

@@ -60,7 +60,7 @@ from ..aiokafka.closing import release_consumer, retrieve_failure, stop_within
 from ..aiokafka.floods import BrokerAwayLines
 from ..aiokafka.rejoin import current_assignment, fetch_states, member_id, membership, rewind
 from ..repeats import Repeats
-from ._app import exactly_once
+from ._app import exactly_once, recovery_interrupted
 from ._flowstop import ASSIGNING, JOINING, RECOVERING, REVOKING, FlowStop, Step
 from ._proven import ProvenOffsets, changelog_stores, proofs_file
 from ._stallhold import StallHoldProducer
@@ -540,7 +540,11 @@ class _Consumer(faust_aiokafka.Consumer):
         self._proven_hook(self._prove_recovery)
 
     def _prove_recovery(self) -> None:
-        self.proven_offsets.recovered(changelog_stores(self.app))
+        # An interrupted restore's announcement proves nothing: taken as a completion, each
+        # later membership loss rewound the restore to that join's offsets, and a worker
+        # losing its membership again and again restored the same records for ever.
+        if not recovery_interrupted(self.app):
+            self.proven_offsets.recovered(changelog_stores(self.app))
 
     async def _commit(self, offsets: Mapping[TP, int]) -> bool:
         """Faust's; a commit that succeeds under the member id of the current assignment
