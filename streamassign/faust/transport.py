@@ -536,13 +536,14 @@ class _Consumer(faust_aiokafka.Consumer):
         self.proven_offsets.assigned(self._assigned_as, actives, changelog_stores(self.app))
 
     def _on_recovery_completed(self, sender: Any = None, **kwargs: Any) -> None:
-        """Faust's ``on_rebalance_complete``: its recovery read the held offsets."""
+        """Faust's ``on_rebalance_complete``: its recovery read the held offsets, unless the
+        restore was interrupted (``recovery_interrupted``), which proves nothing: each later
+        membership loss would rewind the restore to that join's offsets, and a worker losing
+        its membership again and again would restore the same records for ever. Faust
+        announces a completion again, its signal clear, once a restore has really ended."""
         self._proven_hook(self._prove_recovery)
 
     def _prove_recovery(self) -> None:
-        # An interrupted restore's announcement proves nothing: taken as a completion, each
-        # later membership loss rewound the restore to that join's offsets, and a worker
-        # losing its membership again and again restored the same records for ever.
         if not recovery_interrupted(self.app):
             self.proven_offsets.recovered(changelog_stores(self.app))
 
