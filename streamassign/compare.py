@@ -15,7 +15,8 @@ The work behind ``streamassign explain``, ``diff``, ``plan --clients`` and ``des
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Final, Protocol
 
 import attrs
@@ -129,21 +130,33 @@ def _task_ids_named(snapshot: Snapshot) -> set[TaskId]:
 
 def _renumbered(snapshot: Snapshot, renumber: Mapping[int, int]) -> Snapshot:
     """``snapshot`` with each task ``t_p`` named ``renumber[t]_p`` wherever it names one."""
+    return _renamed(snapshot, lambda t: TaskId(renumber[t.subtopology], t.partition), {})
 
-    def task(t: TaskId) -> TaskId:
-        return TaskId(renumber[t.subtopology], t.partition)
+
+def _renamed(
+    snapshot: Snapshot, task: Callable[[TaskId], TaskId], processes: Mapping[str, str]
+) -> Snapshot:
+    """``snapshot`` with each task ``t`` named ``task(t)`` and each process key in
+    ``processes`` named as it says, wherever it names one."""
 
     def tasks(ids: frozenset[TaskId]) -> frozenset[TaskId]:
         return frozenset(map(task, ids))
 
+    def view(v: ClientView) -> ClientView:
+        return _view_renamed(v, task)
+
+    def key(pid: str) -> str:
+        return processes.get(pid, pid)
+
     return attrs.evolve(
         snapshot,
-        views={pid: renumbered_view(v, renumber) for pid, v in snapshot.views.items()},
+        views={key(pid): view(v) for pid, v in snapshot.views.items()},
         reports=tuple(
-            (pid, {task(t): s for t, s in sums.items()}) for pid, sums in snapshot.reports
+            (key(pid), {task(t): s for t, s in sums.items()}) for pid, sums in snapshot.reports
         ),
-        previous_active={pid: tasks(ids) for pid, ids in snapshot.previous_active.items()},
-        departed={pid: renumbered_view(v, renumber) for pid, v in snapshot.departed.items()},
+        previous_active={key(pid): tasks(ids) for pid, ids in snapshot.previous_active.items()},
+        departed={key(pid): view(v) for pid, v in snapshot.departed.items()},
+        process_members={key(pid): ms for pid, ms in snapshot.process_members.items()},
         tasks=dict(sorted(((task(t), p) for t, p in snapshot.tasks.items()), key=lambda i: i[0])),
     )
 
@@ -151,11 +164,16 @@ def _renumbered(snapshot: Snapshot, renumber: Mapping[int, int]) -> Snapshot:
 def renumbered_view(view: ClientView, renumbering: Mapping[int, int]) -> ClientView:
     """``view`` with each task ``t_p`` named ``renumbering[t]_p`` (every ``t`` it names must
     be a key: :func:`_renumbering`)."""
+    return _view_renamed(view, lambda t: TaskId(renumbering[t.subtopology], t.partition))
+
+
+def _view_renamed(view: ClientView, task: Callable[[TaskId], TaskId]) -> ClientView:
+    """``view`` with each task ``t`` named ``task(t)``."""
+    a = view.assignment
 
     def tasks(ids: frozenset[TaskId]) -> frozenset[TaskId]:
-        return frozenset(TaskId(renumbering[t.subtopology], t.partition) for t in ids)
+        return frozenset(map(task, ids))
 
-    a = view.assignment
     return ClientView(
         view.capacity, ClientAssignment(tasks(a.active), tasks(a.standby), tasks(a.warmup))
     )
@@ -164,6 +182,110 @@ def renumbered_view(view: ClientView, renumbering: Mapping[int, int]) -> ClientV
 def _assigned_ids(a: ClientAssignment) -> frozenset[TaskId]:
     """Every task ``a`` names: actives, standbys and warmups."""
     return a.active | a.standby | a.warmup
+
+
+# -- a switch of assignor: tasks matched by partition, processes by member ----------------------
+
+
+@attrs.frozen
+class _ProtocolSwitch:
+    """How the earlier side of a comparison is named as the later one names things when the
+    group's assignor changed between them (a rolling switch from Faust's own assignor to the
+    drop-in): the two number tasks and key processes each their own way (Faust's topic-group
+    numbers and worker URLs; partition counts and process UUIDs), so matched by id every task
+    would read as removed and every process as gone. ``tasks``: every earlier id to its later
+    name (the later task of the same partitions, else a number past every later id, naming
+    nothing there); ``processes``: earlier key to later key, where one later process holds
+    one of its members or endpoints; ``note``: the line that says so."""
+
+    tasks: Mapping[TaskId, TaskId]
+    processes: Mapping[str, str]
+    note: str
+
+    def task(self, task: TaskId) -> TaskId:
+        return self.tasks.get(task, task)
+
+    def views(self, views: Mapping[str, ClientView]) -> dict[str, ClientView]:
+        """``views`` (earlier processes) as the later side names them."""
+        return {self.processes.get(k, k): _view_renamed(v, self.task) for k, v in views.items()}
+
+
+@attrs.frozen
+class _Side:
+    """One side of a comparison as :func:`_protocol_switch` reads it."""
+
+    protocol: str | None
+    family: str | None
+    tasks: TaskTable
+    named: frozenset[TaskId]
+    members: ProcessMembers
+
+
+def _protocol_switch(earlier: _Side, later: _Side) -> _ProtocolSwitch | None:
+    """The :class:`_ProtocolSwitch` from ``earlier`` to ``later``; None when both sides say
+    one protocol (or either says none), or both are consumer groups (numbered alike, by
+    topic: :func:`_renumbering` matches them)."""
+    if earlier.protocol is None or later.protocol is None or earlier.protocol == later.protocol:
+        return None
+    if earlier.family == CONSUMER_FAMILY == later.family:
+        return None
+    tasks = _tasks_by_partition(earlier.tasks, later.tasks)
+    used = [t.subtopology for t in (*later.tasks, *later.named)]
+    # An earlier task no later one reads the same partitions of is numbered past every later
+    # id: matched by id, it would read as moved to whatever the later side calls so.
+    unmatched = earlier.named - tasks.keys()
+    numbers = sorted({t.subtopology for t in unmatched})
+    fresh = {s: n for n, s in enumerate(numbers, max(used, default=-1) + 1)}
+    for t in unmatched:
+        tasks[t] = TaskId(fresh[t.subtopology], t.partition)
+    processes = _processes_by_member(earlier.members, later.members)
+    note = (
+        f"note: the assignor protocol changed from {earlier.protocol} to {later.protocol}, "
+        "which name tasks and processes differently: tasks matched by partition, processes by "
+        f"member id or endpoint ({len(processes)} of {len(earlier.members)} matched)"
+    )
+    return _ProtocolSwitch(tasks, processes, note)
+
+
+def _tasks_by_partition(earlier: TaskTable, later: TaskTable) -> dict[TaskId, TaskId]:
+    """Earlier id -> later id of the one later task reading exactly the same partitions."""
+    by_partitions: dict[frozenset[TopicPartition], list[TaskId]] = {}
+    for task, parts in later.items():
+        by_partitions.setdefault(parts, []).append(task)
+    return {
+        task: same[0]
+        for task, parts in earlier.items()
+        if parts and len(same := by_partitions.get(parts, [])) == 1
+    }
+
+
+def _processes_by_member(earlier: ProcessMembers, later: ProcessMembers) -> dict[str, str]:
+    """Earlier key -> later key of the one later process holding one of its member ids or
+    endpoints (a Faust worker's URL is its endpoint under both assignors), one to one: a
+    later process two earlier ones lead to is left out rather than guessed."""
+    matched: dict[str, str] = {}
+    for key, members in earlier.items():
+        ids = {m for m, _ in members}
+        endpoints = {e for _, e in members if e}
+        same = [
+            k
+            for k, ms in later.items()
+            if ids & {m for m, _ in ms} or endpoints & {e for _, e in ms if e}
+        ]
+        if len(same) == 1:
+            matched[key] = same[0]
+    targets = Counter(matched.values())
+    return {key: new for key, new in matched.items() if targets[new] == 1}
+
+
+def _snapshot_side(snapshot: Snapshot) -> _Side:
+    return _Side(
+        snapshot.protocol,
+        snapshot.family,
+        snapshot.tasks,
+        frozenset(_task_ids_named(snapshot)),
+        snapshot.process_members,
+    )
 
 
 # -- a consumer group's moves, named by partition ---------------------------------------------
@@ -357,6 +479,11 @@ def compare_snapshots(
 ) -> SnapshotsCompared:
     """BEFORE (``old``, saved as ``before_name``) as compared with AFTER (``new``, saved as
     ``after_name``): see :class:`SnapshotsCompared`."""
+    switch = _protocol_switch(_snapshot_side(old), _snapshot_side(new))
+    if switch is not None:
+        switched = _renamed(old, switch.task, switch.processes)
+        lines = [switch.note, *_unrelated_warnings(switched, new, before_name, after_name)]
+        return SnapshotsCompared(switched, None, tuple(lines))
     renumbering = _snapshots_renumbering(old, new)
     matched = _numbered_by(old, renumbering)
     lines = []
@@ -537,6 +664,9 @@ class DescribedGroup(Protocol):
     def family(self) -> str: ...
 
     @property
+    def protocol(self) -> str: ...
+
+    @property
     def members(self) -> Sequence[DescribedMember]: ...
 
     @property
@@ -565,12 +695,23 @@ def match_views(last: DescribedGroup | None, view: DescribedGroup) -> ViewsMatch
     matched by partition, as ``explain`` matches two saved snapshots of the group."""
     if last is None:
         return ViewsMatched(None)
+    switch = _protocol_switch(_view_side(last), _view_side(view))
+    if switch is not None:
+        return ViewsMatched(switch.views(last.processes()), note=switch.note)
     before = named_as_after(last.processes(), last.process_members(), view.process_members())
     if last.family == CONSUMER_FAMILY == view.family:
         matched = _matched_by_partition(before, last, view)
         if matched is not None:
             return matched
     return ViewsMatched(before)
+
+
+def _view_side(view: DescribedGroup) -> _Side:
+    named = {t for v in view.processes().values() for t in _assigned_ids(v.assignment)}
+    members = view.process_members()
+    return _Side(
+        view.protocol, view.family, view.tasks, frozenset(named | view.tasks.keys()), members
+    )
 
 
 def _matched_by_partition(

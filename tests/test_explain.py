@@ -1847,3 +1847,41 @@ def test_a_subscribed_topic_without_partitions_says_so(tmp_path: Path) -> None:
     assert err.endswith(
         "renumbered by a subscribed topic with no partition assigned (or an edited file)\n"
     )
+
+
+#: ``describe --json`` of a two-worker Faust app in a rolling switch from Faust's own assignor
+#: (``faust``: topic-group ids, URL keys) to the drop-in (``streamassign-faust``: ids by
+#: partition count, UUID keys): each worker kept its source partitions; only the leader
+#: topic's partition moved, from the worker on 6082 to the one on 6081.
+SWITCH_MIXED = Path(__file__).parent / "data" / "faust_switch_mixed.json"
+SWITCH_AFTER = Path(__file__).parent / "data" / "faust_switch_after.json"
+
+
+def test_explain_across_an_assignor_switch_matches_tasks_by_partition_and_workers_by_url() -> None:
+    """Matched by id and key, every task read as removed and every worker as gone (17 moves
+    that never were, and a "topology change" warning); matched by partition and endpoint,
+    the one real move is left, and a note says the protocol changed."""
+    result = CliRunner().invoke(main, ["explain", str(SWITCH_MIXED), str(SWITCH_AFTER), "--json"])
+    assert result.exit_code == 0, result.output
+    moves = json.loads(result.stdout)["moves"]
+    assert [(m["task"], m["from"], m["to"]) for m in moves] == [
+        ("1_0", "b7a91592-84b1-4ee4-9174-d00fceeec9b6", "712a242c-4b4e-4e83-802c-bf08fb5c4c09")
+    ]
+    assert result.stderr.splitlines() == [
+        "note: the assignor protocol changed from faust to streamassign-faust, which name tasks "
+        "and processes differently: tasks matched by partition, processes by member id or "
+        "endpoint (2 of 2 matched)"
+    ]
+
+
+def test_diff_across_an_assignor_switch_shows_each_worker_changed_not_left() -> None:
+    """``diff`` reads no member rows, but needs them to tell which UUID a worker's URL
+    became."""
+    result = CliRunner().invoke(main, ["diff", str(SWITCH_MIXED), str(SWITCH_AFTER), "--json"])
+    assert result.exit_code == 0, result.output
+    rows = json.loads(result.stdout)
+    assert {pid: row["status"] for pid, row in rows.items()} == {
+        "712a242c-4b4e-4e83-802c-bf08fb5c4c09": "changed",
+        "b7a91592-84b1-4ee4-9174-d00fceeec9b6": "changed",
+    }
+    assert rows["712a242c-4b4e-4e83-802c-bf08fb5c4c09"]["+active"] == ["1_0"]
