@@ -1491,3 +1491,68 @@ def test_a_null_topic_name_makes_the_member_undecodable(
         assert undecodable == {"bad": reason, "good": undecodable["good"]}, protocol
         json.dumps(to_json(view, quality(view)))
         assert f"member bad: undecodable: {reason}" in printed(view)
+
+
+def _asked(times: int) -> GroupDescribeError:
+    """The long-lived client's failure while the broker is down, as seen in a live outage:
+    its text counts the asks."""
+    return GroupDescribeError(
+        "cannot describe group 'g': NodeNotReadyError: Attempt to send a request to node which "
+        f"is not ready (node id 1). (asked {times} times over 10.{times} s: the group's "
+        "coordinator restarting or moving, or its address unreachable?)"
+    )
+
+
+def test_follow_says_an_outage_once_with_a_fresh_clients_plain_reason(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Seen in a broker outage: every poll yielded a view, as the failure's text counts the
+    asks, and named aiokafka's NodeNotReadyError where a one-shot describe said "connection
+    refused". One view for the outage, its reason a fresh client's, and one when it ends."""
+    from .describe_polls import followed_views
+
+    stable = describe_bytes("g", "Stable", "consumer", PROTOCOL_NAME, streams_group())
+    refused = GroupDescribeError(
+        "cannot reach x:1: connection refused (no broker listening there?)"
+    )
+    shown = followed_views(
+        monkeypatch, [stable, _asked(12), _asked(13), _asked(14), stable], fresh_start=refused
+    )
+    assert [(v.state, v.error) for v in shown] == [
+        ("Stable", None),
+        ("unavailable", "cannot reach x:1: connection refused (no broker listening there?)"),
+        ("Stable", None),
+    ]
+
+
+def test_follow_keeps_the_failures_own_reason_when_a_fresh_client_reaches_the_cluster(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from .describe_polls import followed_views
+
+    stable = describe_bytes("g", "Stable", "consumer", PROTOCOL_NAME, streams_group())
+    shown = followed_views(monkeypatch, [stable, _asked(3)])
+    assert shown[1].error == str(_asked(3))
+
+
+def test_watch_prints_an_outage_once_and_its_end(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The table watch says the outage in one line and how long it lasted when the group
+    answers again; --json gives a state scripts can match exactly and the reason apart."""
+    stable = describe_bytes("g", "Stable", "consumer", PROTOCOL_NAME, streams_group())
+    away = attrs.evolve(
+        describe_bytes("g", "unavailable", "", "", []), error="cannot reach x:1: refused"
+    )
+    with (tmp_path / "out.txt").open("w") as stdout:
+        _watch_with(monkeypatch, [stable, away, stable], stdout, forever=False, as_json=False)
+    text = (tmp_path / "out.txt").read_text()
+    said = re.findall(r"\d\d:\d\d:\d\d UTC (g: [^│┃]*?)\n(?=\d\d:|─|$)", text)
+    assert [" ".join(line.split()) for line in said] == [
+        "g: unavailable: cannot reach x:1: refused; asking again until it answers",
+        "g: available again after 0 s",
+    ]
+    with (tmp_path / "out.jsonl").open("w") as stdout:
+        _watch_with(monkeypatch, [stable, away, stable], stdout, forever=False)
+    lines = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
+    assert lines[1] == {"group": "g", "state": "unavailable", "error": "cannot reach x:1: refused"}

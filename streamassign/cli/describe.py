@@ -83,10 +83,19 @@ async def _print_views(
     console = _Stdout()
     last = None  # the last readable view
     last_warning: str | None = None
+    outage = _Outage()
     async for view in follow(connection, group, interval):
+        if not as_json:
+            back = outage.ended(view)
+            if back is not None:
+                console.print(f"{_now()} {group}: {back}", markup=False)
         if not view.readable:
             if as_json:
-                click.echo(json.dumps({"group": group, "state": view.state}))
+                error = {} if view.error is None else {"error": view.error}
+                click.echo(json.dumps({"group": group, "state": view.state, **error}))
+            elif view.error is not None:
+                line = f"{_now()} {group}: unavailable: {view.error}; asking again until it answers"
+                console.print(line, markup=False)
             else:
                 console.print(f"{_now()} {group}: {_state_note(view.state)}", markup=False)
             continue
@@ -110,6 +119,27 @@ async def _print_views(
         if moves is not None:
             faust = view.protocol == FAUST_PROTOCOL_NAME
             _print_moves(console, moves, labels=labels, uncertain_hand_backs=not faust, names=names)
+
+
+class _Outage:
+    """When ``describe --watch`` last saw its group become unavailable, to say once how long
+    it was away when it answers again."""
+
+    def __init__(self) -> None:
+        self.since: float | None = None
+
+    def ended(self, view: Any) -> str | None:
+        """The line to print before ``view`` when it ends an outage; None otherwise."""
+        import time
+
+        if view.error is not None:
+            if self.since is None:
+                self.since = time.monotonic()
+            return None
+        if self.since is None:
+            return None
+        away, self.since = time.monotonic() - self.since, None
+        return f"available again after {away:.0f} s"
 
 
 def _moves_since(
