@@ -13,6 +13,7 @@ from ..explain import (
     Snapshot,
     claim_conflicts,
     explain,
+    likely_zombies,
     named_as_after,
 )
 from ..streams import (
@@ -56,15 +57,21 @@ def explain_command(
         now = _read_last(files[0])
         before = now.before_last_join()
         # Two processes reporting one task running: a zombie beside its task's new owner.
-        _warn_conflicts(claim_conflicts(before), f"{files[0]} (before its last rebalance)")
+        zombies = likely_zombies(before)
+        processes = [*before, *now.views]
+        _warn_conflicts(
+            claim_conflicts(before, zombies=zombies),
+            f"{files[0]} (before its last rebalance)",
+            _process_labels(processes),
+        )
         moves = explain(
             before,
             now.views,
             now.local_state(),
             from_last_join=True,
             returned=now.handed_back(acceptable_lag),
+            zombies=zombies,
         )
-        processes = [*before, *now.views]
         names = None  # --last refuses consumer groups: no reports
     else:
         new = _read_saved(files[1])

@@ -3,6 +3,8 @@ standby rows, and the warnings about claims and standbys that cannot be held."""
 
 from __future__ import annotations
 
+import shutil
+import textwrap
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -42,29 +44,57 @@ def _too_few_for_standbys(
     )
 
 
-def _warn_conflicts(conflicts: ClaimConflicts, where: str) -> None:
+def _warn_conflicts(
+    conflicts: ClaimConflicts, where: str, labels: Mapping[str, str] | None = None
+) -> None:
     """One warning line (on stderr) per kind of claim no assignment can hold, naming the tasks
-    and clients and saying how they are read; ``where`` (a file) starts each line."""
+    and clients and saying how they are read; ``where`` (a file) starts each line. With
+    ``labels`` (how the tables name processes) the lines name them so, wrapped to the
+    terminal's width: full ids made one line of hundreds of characters."""
     prefix = f"warning: {where}: " if where else "warning: "
+
+    def name(pid: str) -> str:
+        return pid if labels is None else labels.get(pid, pid)
+
+    def say(line: str) -> None:
+        if labels is not None:
+            width = shutil.get_terminal_size().columns
+            line = textwrap.fill(
+                line, width, subsequent_indent="  ", break_long_words=False, break_on_hyphens=False
+            )
+        click.echo(line, err=True)
+
     duplicates = conflicts.duplicate_actives
+    if conflicts.zombies:
+        zombies = listed([name(pid) for pid in conflicts.zombies])
+        noun = "a likely zombie" if len(conflicts.zombies) == 1 else "likely zombies"
+        say(
+            f"{prefix}{zombies}: {noun} (back from a pause past its session, every task it "
+            "reported running is claimed by another process too): its claims are taken as "
+            "state it holds, the others' as the tasks' owners"
+        )
     if duplicates:
+        kept_by = "the sticky assignor keeps (smallest lag, then process id)"
+        if conflicts.zombies:
+            kept_by = "not a likely zombie, else as " + kept_by.replace(" keeps", " keeps one")
         claims = listed(
-            [f"{task} on {', '.join(pids)} ({kept} kept)" for task, pids, kept in duplicates],
+            [
+                f"{task} on {', '.join(map(name, pids))} ({name(kept)} kept)"
+                for task, pids, kept in duplicates
+            ],
             separator="; ",
         )
-        click.echo(
+        say(
             f"{prefix}{counted(len(duplicates), 'task')} active on several clients: "
-            f"{claims}; each is taken as run by the claimant the sticky assignor keeps "
-            "(smallest lag, then process id), the others as holding its state",
-            err=True,
+            f"{claims}; each is taken as run by the claimant {kept_by}, the others as "
+            "holding its state"
         )
     both = conflicts.active_and_standby
     if both:
-        claims = listed([f"{task} on {pid}" for task, pid in both])
-        click.echo(
+        claims = listed([f"{task} on {name(pid)}" for task, pid in both])
+        say(
             f"{prefix}{counted(len(both), 'task')} both active and standby on one client: "
-            f"{claims}; counted as active there",
-            err=True,
+            f"{claims}; counted as active there"
         )
 
 
