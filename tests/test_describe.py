@@ -1556,3 +1556,17 @@ def test_watch_prints_an_outage_once_and_its_end(
         _watch_with(monkeypatch, [stable, away, stable], stdout, forever=False)
     lines = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
     assert lines[1] == {"group": "g", "state": "unavailable", "error": "cannot reach x:1: refused"}
+
+
+def test_a_stable_groups_heading_says_what_describe_groups_cannot_tell() -> None:
+    """Seen in incidents: a worker killed 4 s before still showed running its tasks in a
+    Stable group, and a task restoring for 11 s showed simply active; nothing in the output
+    said either could be so. A line under the heading says it, pointing at the docs."""
+    view = describe_bytes("orders", "Stable", "consumer", PROTOCOL_NAME, streams_group())
+    text = " ".join(printed(view).split())
+    heading, _, rest = text.partition(" process(es) ")
+    assert heading.startswith("orders: Stable")
+    assert rest.partition(" Processes ")[0] == (
+        "as of the last rebalance: a dead member shows until its session expires; a "
+        "restoring task reads as active (docs/operations.md, What it shows)"
+    )

@@ -68,6 +68,7 @@ def _print_group(
     if leader_version is not None:  # protocol 3: members announce theirs, named in the table
         heading += f", leader's topology version {leader_version}"
     console.print(Text.assemble((view.group, "bold"), heading))
+    console.print(_stable_caveat(str(view.family)), style="dim", markup=False)
     labels = dict(labels or _view_labels(view))
     _print_processes(console, processes, view.endpoints(), labels)
     _print_members(console, view.members, labels | member_labels)
@@ -75,6 +76,16 @@ def _print_group(
     _print_offset_sums(console, view.members_by_process(), labels)
     # Consumer groups have no standbys: their standby row would only say 0 / 0.
     _print_quality(console, score, has_standbys=str(view.family) != "consumer")
+
+
+def _stable_caveat(family: str) -> str:
+    """What a Stable group's tables cannot tell, said under their heading: DescribeGroups
+    returns the members of the last rebalance, not liveness, and nothing of restores."""
+    restores = "" if family == "consumer" else "; a restoring task reads as active"
+    return (
+        "as of the last rebalance: a dead member shows until its session expires"
+        f"{restores} (docs/operations.md, What it shows)"
+    )
 
 
 def _print_processes(
