@@ -1570,3 +1570,29 @@ def test_a_stable_groups_heading_says_what_describe_groups_cannot_tell() -> None
         "as of the last rebalance: a dead member shows until its session expires; a "
         "restoring task reads as active (docs/operations.md, What it shows)"
     )
+
+
+def test_watch_names_each_rebalancing_members_process_and_tasks_and_the_newcomer(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Seen in a 26 s PreparingRebalance after a kill -9: five member ids, all one
+    client@host, and nothing said which was which or what the group waited for. The watch
+    knows each known member's process and tasks from the last Stable view."""
+    stable = describe_bytes("g", "Stable", "consumer", PROTOCOL_NAME, streams_group())
+    rebalancing = describe_bytes(
+        "g",
+        "PreparingRebalance",
+        "consumer",
+        "",
+        [RawMember("m1", "client", "/10.0.0.1"), RawMember("m9", "client", "/10.0.0.2")],
+    )
+    with (tmp_path / "out.txt").open("w") as stdout:
+        _watch_with(monkeypatch, [stable, rebalancing], stdout, forever=False, as_json=False)
+    text = (tmp_path / "out.txt").read_text()
+    said = " ".join(text[text.index("PreparingRebalance") :].split())
+    assert said.endswith(
+        f"m1 client@10.0.0.1 process {P1}, ran 0_0, 0_1, 1_0 "
+        "m9 client@10.0.0.2 joining (not in the last Stable view) "
+        "the group waits until every member rejoins or the rebalance timeout expires (2 "
+        "members of the last Stable view gone)"
+    )

@@ -31,7 +31,7 @@ from ..streams import (
 )
 from .connection import _check_security, _connection
 from .console import _ReaderGone, _say, _Stdout
-from .describe_tables import _print_group, _state_note, _view_labels
+from .describe_tables import _print_group, _print_rebalancing, _view_labels
 from .extras import _require
 from .group import main
 from .options import _EXISTING_FILE, _acceptable_lag_option, _json_option, _shown
@@ -97,7 +97,7 @@ async def _print_views(
                 line = f"{_now()} {group}: unavailable: {view.error}; asking again until it answers"
                 console.print(line, markup=False)
             else:
-                console.print(f"{_now()} {group}: {_state_note(view.state)}", markup=False)
+                _print_rebalancing(console, view, last, f"{_now()} ")
             continue
         score = quality(view, standbys)
         warning = _standby_cap_warning(score)

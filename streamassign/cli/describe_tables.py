@@ -54,9 +54,7 @@ def _print_group(
     processes = view.processes()
     member_labels = _member_labels(m.member_id for m in view.members)
     if not view.readable:
-        console.print(f"{view.group}: {_state_note(view.state)}, {members} member(s)", markup=False)
-        for m in sorted(view.members, key=lambda m: m.member_id):
-            console.print(f"  {member_labels[m.member_id]}  {_client_at_host(m)}", markup=False)
+        _print_rebalancing(console, view, None)
         return
     # The group and protocol names are the members' choice: styled parts, never markup
     # (``escape`` gets a trailing backslash wrong).
@@ -76,6 +74,38 @@ def _print_group(
     _print_offset_sums(console, view.members_by_process(), labels)
     # Consumer groups have no standbys: their standby row would only say 0 / 0.
     _print_quality(console, score, has_standbys=str(view.family) != "consumer")
+
+
+#: What a group in PreparingRebalance waits for, said under its member list.
+_WAITS = "the group waits until every member rejoins or the rebalance timeout expires"
+
+
+def _print_rebalancing(console: Console, view: Any, last: Any, prefix: str = "") -> None:
+    """A group between assignments (``view``, not readable): its state, then each member,
+    with the process and actives it had in ``last`` (the last Stable view ``--watch`` saw;
+    None: not known, as in one ``describe``), a member that view lacks marked as joining; in
+    PreparingRebalance, what the group waits for. ``prefix`` starts the first line (the
+    watch's time)."""
+    members = sorted(view.members, key=lambda m: m.member_id)
+    console.print(
+        f"{prefix}{view.group}: {_state_note(view.state)}, {len(members)} member(s)", markup=False
+    )
+    known = {} if last is None else {m.member_id: m for m in last.members}
+    processes = {} if last is None else _view_labels(last)
+    labels = _member_labels(m.member_id for m in members)
+    for m in members:
+        line = f"  {labels[m.member_id]}  {_client_at_host(m)}"
+        was = known.get(m.member_id)
+        if was is not None:
+            active = ", ".join(map(str, sorted(was.active))) or "none"
+            line += f"  process {processes[was.process]}, ran {active}"
+        elif last is not None:
+            line += "  joining (not in the last Stable view)"
+        console.print(line, markup=False)
+    if view.state == "PreparingRebalance":
+        gone = len(known.keys() - {m.member_id for m in members})
+        left = f" ({counted(gone, 'member')} of the last Stable view gone)" if gone else ""
+        console.print(f"  {_WAITS}{left}", markup=False)
 
 
 def _stable_caveat(family: str) -> str:
