@@ -1596,3 +1596,18 @@ def test_watch_names_each_rebalancing_members_process_and_tasks_and_the_newcomer
         "the group waits until every member rejoins or the rebalance timeout expires (2 "
         "members of the last Stable view gone)"
     )
+
+
+def test_ctrl_c_ends_a_watch_with_the_status_of_an_interrupt(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A script must tell Ctrl-C (130, as the shell gives) from a watch whose reader went
+    away (0); both end without a trace."""
+    from streamassign.cli import describe as describe_cli
+
+    async def interrupted(*_: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(describe_cli, "_watch", interrupted)
+    result = CliRunner().invoke(main, ["describe", "g", "-b", "127.0.0.1:1", "--watch"])
+    assert (result.exit_code, result.output) == (130, "")

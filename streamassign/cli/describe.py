@@ -251,7 +251,9 @@ def describe(
     except GroupDescribeError as exc:
         raise click.ClickException(str(exc)) from exc
     except KeyboardInterrupt:
-        return
+        # Ctrl-C is how a watch ends: quietly, but with the shell's status for it (130), so
+        # a script can tell an interrupt from an end of its own (a reader gone: 0).
+        raise SystemExit(130) from None
     score = quality(view, standbys)
     warning = _standby_cap_warning(score)
     if warning is not None:
