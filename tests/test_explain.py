@@ -1921,3 +1921,28 @@ def test_no_zombie_is_named_where_two_processes_claim_only_each_others_tasks() -
     assert likely_zombies({"a": ran("0_0", "0_1"), "b": ran("0_0", "0_1")}) == frozenset()
     assert likely_zombies({"a": ran("0_0"), "b": ran("0_0", "0_1")}) == {"a"}
     assert likely_zombies({"a": ran("0_0"), "b": ran("0_1")}) == frozenset()
+
+
+def test_plan_of_a_faust_snapshot_names_processes_short_and_calls_no_changelog_removed(
+    tmp_path: Path,
+) -> None:
+    """A what-if of a Faust drop-in snapshot (its tasks list each table's changelog
+    partition, which the drop-in assigns with the task) warned of a topology change that
+    removed the changelog topic, and its Assignment table cut the ids as ``9986b500-c048…``
+    where the moves named them ``9986b500``."""
+    topology = tmp_path / "fleeta.toml"
+    topology.write_text(
+        'name = "fleeta"\n'
+        '[[subtopology]]\nid = 1\nsource_topics = ["fleeta-__assignor-__leader"]\n'
+        '[[subtopology]]\nid = 8\nsource_topics = ["fleeta-src"]\nstores = ["counts"]\n'
+        '[partitions]\n"fleeta-__assignor-__leader" = 1\nfleeta-src = 8\n'
+    )
+    saved = Path(__file__).parent / "data" / "faust_dropin_crash.json"
+    result = CliRunner().invoke(
+        main, ["plan", str(topology), "--clients", str(saved), "--explain"], env=WIDE
+    )
+    assert result.exit_code == 0, result.output
+    assert "warning" not in result.stderr
+    assignment = result.stdout[result.stdout.index("Assignment") :]
+    rows = [line.split("│")[1].strip() for line in assignment.splitlines() if "│ 1 " in line]
+    assert rows == ["9986b500", "a031c13c"]
