@@ -72,8 +72,11 @@ def _print_group(
     _print_members(console, view.members, labels | member_labels)
     _print_tasks(console, view.tasks, processes, labels)
     _print_offset_sums(console, view.members_by_process(), labels)
-    # Consumer groups have no standbys: their standby row would only say 0 / 0.
-    _print_quality(console, score, has_standbys=str(view.family) != "consumer")
+    # Consumer groups have no standbys: their standby row would only say 0 / 0; their "task"
+    # t_p is partition p of topic t, named so.
+    consumer = str(view.family) == "consumer"
+    topics = {t.subtopology: tp.topic for t, ps in view.tasks.items() for tp in ps}
+    _print_quality(console, score, has_standbys=not consumer, topics=topics if consumer else None)
 
 
 #: What a group in PreparingRebalance waits for, said under its member list.
@@ -266,7 +269,14 @@ def _print_offset_sums(
         console.print(table)
 
 
-def _print_quality(console: Console, score: Any, has_standbys: bool = True) -> None:
+def _print_quality(
+    console: Console,
+    score: Any,
+    has_standbys: bool = True,
+    topics: Mapping[int, str] | None = None,
+) -> None:
+    """The quality table of a described group; ``topics``: a consumer group's topic per
+    number, which its rows name instead of subtopologies (None: a streams group's)."""
     m = score.metrics
     table = Table(title="Quality of the current assignment")
     table.add_column("metric")
@@ -275,8 +285,11 @@ def _print_quality(console: Console, score: Any, has_standbys: bool = True) -> N
     for b in score.per_subtopology:
         # Withheld processes (another topology version) are left out: no task of it is theirs.
         withheld = f"; {counted(b.withheld, 'process', 'processes')} withheld" if b.withheld else ""
+        named = f"subtopology {b.subtopology}"
+        if topics is not None and b.subtopology in topics:
+            named = f"topic {topics[b.subtopology]}"
         table.add_row(
-            f"subtopology {b.subtopology}: actives per process (of {b.tasks}{withheld})",
+            f"{named}: actives per process (of {b.tasks}{withheld})",
             f"{b.fewest}-{b.most} {'balanced' if b.balanced else 'UNBALANCED'}",
         )
     table.add_row("actives balanced in total", "yes" if m.active_balanced else "NO")
