@@ -196,10 +196,17 @@ def _members_table(ordered: Sequence[Any], labels: Mapping[str, str], layout: st
     table, each with its client id whole)."""
     longest = max((max(len(_host(m)) + 1, len(m.client_id)) for m in ordered), default=0)
     table = Table(title="Members")
-    for col in ("member", "client@host", "process", "a+s+w", "versions", "gen"):
+    # The generation only consumer assignors' user data carries: a column of "-" otherwise,
+    # which a narrow terminal cropped along with the table's right border.
+    generations = any(m.generation is not None for m in ordered)
+    columns = ("member", "client@host", "process", "a+s+w", "versions", "gen")
+    for col in columns if generations else columns[:-1]:
         # The process folds too: a URL no shorter label names (a scheme apart) is long.
         wraps = col in ("client@host", "process", "versions")
-        least = 12 if col in ("client@host", "versions") else None
+        # Versions wrap between their halves ("sub v3/3" / "asg v3/3").
+        least = {"client@host": 12, "versions": 8}.get(col)
+        if col == "client@host" and layout == "hosts after":
+            least = None  # the client id alone: each is printed whole below the table
         if col == "client@host" and layout == "host below":
             least = max(12, longest)
         table.add_column(col, overflow="fold", no_wrap=not wraps, min_width=least)
@@ -216,7 +223,7 @@ def _members_table(ordered: Sequence[Any], labels: Mapping[str, str], layout: st
             f"{len(m.active)}+{len(m.standby)}+{len(m.warmup)}" if m.assigned else "undecodable",
             (m.versions or "-")
             + (f"\ntopology {m.topology_version}" if m.topology_version else ""),
-            "-" if m.generation is None else str(m.generation),
+            *(["-" if m.generation is None else str(m.generation)] if generations else []),
         )
     return table
 
