@@ -276,6 +276,24 @@ def _print_offset_sums(
         console.print(table)
 
 
+def _balance_rows(score: Any, topics: Mapping[int, str] | None) -> list[tuple[str, str]]:
+    """The quality table's row per subtopology (per topic of a consumer group: ``topics``)."""
+    rows = []
+    for b in score.per_subtopology:
+        # Withheld processes (another topology version) are left out: no task of it is theirs.
+        withheld = f"; {counted(b.withheld, 'process', 'processes')} withheld" if b.withheld else ""
+        named = f"subtopology {b.subtopology}"
+        if topics is not None and b.subtopology in topics:
+            named = f"topic {topics[b.subtopology]}"
+        rows.append(
+            (
+                f"{named}: actives per process (of {b.tasks}{withheld})",
+                f"{b.fewest}-{b.most} {'balanced' if b.balanced else 'UNBALANCED'}",
+            )
+        )
+    return rows
+
+
 def _print_quality(
     console: Console,
     score: Any,
@@ -289,16 +307,8 @@ def _print_quality(
     table.add_column("metric")
     table.add_column("value", justify="right")
     table.add_row("tasks / processes", f"{m.tasks} / {m.clients}")
-    for b in score.per_subtopology:
-        # Withheld processes (another topology version) are left out: no task of it is theirs.
-        withheld = f"; {counted(b.withheld, 'process', 'processes')} withheld" if b.withheld else ""
-        named = f"subtopology {b.subtopology}"
-        if topics is not None and b.subtopology in topics:
-            named = f"topic {topics[b.subtopology]}"
-        table.add_row(
-            f"{named}: actives per process (of {b.tasks}{withheld})",
-            f"{b.fewest}-{b.most} {'balanced' if b.balanced else 'UNBALANCED'}",
-        )
+    for row in _balance_rows(score, topics):
+        table.add_row(*row)
     table.add_row("actives balanced in total", "yes" if m.active_balanced else "NO")
     table.add_row("load imbalance (per thread, max - min)", f"{m.load_imbalance:.2f}")
     inferred = ", inferred" if score.standbys_inferred else ""
