@@ -262,9 +262,12 @@ def _tasks_by_partition(earlier: TaskTable, later: TaskTable) -> dict[TaskId, Ta
 def _processes_by_member(earlier: ProcessMembers, later: ProcessMembers) -> dict[str, str]:
     """Earlier key -> later key of the one later process holding one of its member ids or
     endpoints (a Faust worker's URL is its endpoint under both assignors), one to one: a
-    later process two earlier ones lead to is left out rather than guessed."""
+    later process two earlier ones lead to is left out rather than guessed, and so is a
+    process on either side whose members share an endpoint (:func:`_several_behind_one`)."""
     matched: dict[str, str] = {}
     for key, members in earlier.items():
+        if _several_behind_one(members):
+            continue
         ids = {m for m, _ in members}
         endpoints = {e for _, e in members if e}
         same = [
@@ -272,10 +275,18 @@ def _processes_by_member(earlier: ProcessMembers, later: ProcessMembers) -> dict
             for k, ms in later.items()
             if ids & {m for m, _ in ms} or endpoints & {e for _, e in ms if e}
         ]
-        if len(same) == 1:
+        if len(same) == 1 and not _several_behind_one(later[same[0]]):
             matched[key] = same[0]
     targets = Counter(matched.values())
     return {key: new for key, new in matched.items() if targets[new] == 1}
+
+
+def _several_behind_one(members: frozenset[tuple[str, str]]) -> bool:
+    """Whether two of ``members`` give one endpoint: Faust workers all on one URL (a
+    ``web_host`` of 0.0.0.0), which a group keyed by URL reads as one process. Matched to a
+    process of the other side, every task of the worker that stopped would read as kept."""
+    endpoints = [e for _, e in members if e]
+    return len(endpoints) != len(set(endpoints))
 
 
 def _snapshot_side(snapshot: Snapshot) -> _Side:

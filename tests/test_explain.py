@@ -1888,6 +1888,50 @@ def test_diff_across_an_assignor_switch_shows_each_worker_changed_not_left() -> 
     assert rows["712a242c-4b4e-4e83-802c-bf08fb5c4c09"]["+active"] == ["1_0"]
 
 
+def _workers_on_one_url(tmp_path: Path) -> tuple[str, str]:
+    """The switch's two files as workers on ``web_host="0.0.0.0"`` give them: before, both
+    workers one process ``http://0.0.0.0:6066`` of two members; after, the worker on 6082
+    stopped for its restart and 712a242c runs every task."""
+    url, kept = "http://0.0.0.0:6066", "712a242c-4b4e-4e83-802c-bf08fb5c4c09"
+    mixed, after = (json.loads(p.read_text()) for p in (SWITCH_MIXED, SWITCH_AFTER))
+    merged = {"capacity": 1, "active": [], "standby": [], "warmup": [], "members": []}
+    for row in mixed["assignment"].values():
+        for field in ("active", "members"):
+            merged[field] = sorted({*merged[field], *row[field]})
+    mixed["assignment"] = {url: merged}
+    for member in mixed["members"]:
+        member["process"] = member["endpoint"] = url
+    every = sorted({t for row in after["assignment"].values() for t in row["active"]})
+    after["assignment"] = {kept: {**after["assignment"][kept], "active": every, "standby": []}}
+    after["members"] = [
+        {**m, "endpoint": url, "active": every, "standby": []}
+        for m in after["members"]
+        if m["process"] == kept
+    ]
+    paths = (tmp_path / "mixed.json", tmp_path / "after.json")
+    for path, data in zip(paths, (mixed, after), strict=True):
+        path.write_text(json.dumps(data))
+    return str(paths[0]), str(paths[1])
+
+
+def test_workers_sharing_one_url_are_not_matched_across_an_assignor_switch(
+    tmp_path: Path,
+) -> None:
+    """Two Faust workers behind one URL read as one process; matched by that URL to the one
+    worker left after the switch, every task of the stopped worker read as kept: "no active
+    task moved" and "no client changed", where 1_0 and 8_4..8_7 moved."""
+    mixed, after = _workers_on_one_url(tmp_path)
+    code, out, err = _invoke("explain", mixed, after, "--json")
+    assert code == 0, err
+    moved = {m["task"] for m in json.loads(out)["moves"]}
+    assert {"1_0", "8_4", "8_5", "8_6", "8_7"} <= moved
+    assert "(0 of 1 matched" in " ".join(err.split())
+    code, out, err = _invoke("diff", mixed, after, "--json")
+    assert code == 0, err
+    rows = json.loads(out)
+    assert {row["status"] for row in rows.values()} == {"left", "joined"}
+
+
 def test_explain_last_credits_no_task_to_a_zombie_and_names_it_in_short() -> None:
     """A Faust worker (a031c13c) paused past its session came back still running 8_2, 8_4 and
     8_6, which the group had given to 9986b500 and dbcab4d7; the rebalance then gave it 8_0,
