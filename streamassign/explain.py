@@ -25,6 +25,7 @@ from .protocol import LATEST_OFFSET, running_tasks
 from .sticky import resolve_previous_owners
 from .streams import (
     ACCEPTABLE_RECOVERY_LAG,
+    FAUST_PROTOCOL_NAME,
     best_offset_sums,
     handed_back,
     local_state_lags,
@@ -180,13 +181,20 @@ def claim_conflicts(
     return ClaimConflicts(tuple(duplicates), tuple(both), tuple(sorted(zombies)))
 
 
-def likely_zombies(view: Mapping[str, ClientView]) -> frozenset[str]:
+def likely_zombies(view: Mapping[str, ClientView], protocol: str | None) -> frozenset[str]:
     """The processes of ``view`` (what members said they ran at their last join) whose every
     active claim another process claims too, where each such task has a claimant not in that
     case: a process paused past its session (a zombie) comes back still running what the
     group gave away meanwhile, so it claims nothing alone, while the tasks' new owners claim
     theirs. Taken by the process id order the assignor's tie-break uses, its claims would
-    credit it with tasks their real owners ran."""
+    credit it with tasks their real owners ran.
+
+    Only under the Faust drop-in (``protocol``), whose members report every active running
+    whether restored or not, so every task given away contests the zombie's claim. The
+    runtime reports an active it still restores as local state: the zombie then keeps a claim
+    of its own and a healthy process whose tasks it claims reads as the zombie."""
+    if protocol != FAUST_PROTOCOL_NAME:
+        return frozenset()
     claims = _owners(view, "active")
     contested = {task: pids for task, pids in claims.items() if len(pids) > 1}
     suspects = {

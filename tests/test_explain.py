@@ -25,6 +25,7 @@ from streamassign.explain import (
     Snapshot,
     claim_conflicts,
     explain,
+    likely_zombies,
     load_snapshot,
     local_state,
     named_as_after,
@@ -1955,16 +1956,38 @@ def test_explain_last_credits_no_task_to_a_zombie_and_names_it_in_short() -> Non
     assert max(map(len, warned.splitlines())) <= 80
 
 
+def test_explain_last_names_no_zombie_where_a_restoring_owner_does_not_contest(
+    tmp_path: Path,
+) -> None:
+    """A runtime group: Z, paused past its session, comes back still running 0_1 and 0_2;
+    H1, given 0_1 meanwhile, is still restoring it (the runtime reports that as an offset
+    sum, not as running), and H2 ran 0_2 alone. Every task H2 ran read as contested, so H2
+    was named a likely zombie and 0_2 as moved onto it from Z."""
+    after = snapshot(
+        tmp_path / "after.json",
+        {"Z": {"active": []}, "H1": {"active": ["0_1", "0_3"]}, "H2": {"active": ["0_2"]}},
+        {"Z": {"0_1": -2, "0_2": -2}, "H1": {"0_3": -2, "0_1": 500}, "H2": {"0_2": -2}},
+        previous={"Z": ["0_1", "0_2"], "H1": ["0_1", "0_3"], "H2": ["0_2"]},
+    )
+    code, out, err = _invoke("explain", "--last", after, "--json")
+    assert code == 0, err
+    assert "zombie" not in err
+    moves = [(m["task"], m["from"], m["to"]) for m in json.loads(out)["moves"]]
+    assert moves == [("0_1", "Z", "H1")]
+
+
 def test_no_zombie_is_named_where_two_processes_claim_only_each_others_tasks() -> None:
     """Two processes claiming the same tasks: either may be the one paused."""
-    from streamassign.explain import likely_zombies
 
     def ran(*tasks: str) -> ClientView:
         return ClientView(None, ClientAssignment(frozenset(map(TaskId.parse, tasks))))
 
-    assert likely_zombies({"a": ran("0_0", "0_1"), "b": ran("0_0", "0_1")}) == frozenset()
-    assert likely_zombies({"a": ran("0_0"), "b": ran("0_0", "0_1")}) == {"a"}
-    assert likely_zombies({"a": ran("0_0"), "b": ran("0_1")}) == frozenset()
+    def named(view: Mapping[str, ClientView]) -> frozenset[str]:
+        return likely_zombies(view, FAUST_PROTOCOL_NAME)
+
+    assert named({"a": ran("0_0", "0_1"), "b": ran("0_0", "0_1")}) == frozenset()
+    assert named({"a": ran("0_0"), "b": ran("0_0", "0_1")}) == {"a"}
+    assert named({"a": ran("0_0"), "b": ran("0_1")}) == frozenset()
 
 
 def test_plan_of_a_faust_snapshot_names_processes_short_and_calls_no_changelog_removed(

@@ -94,7 +94,7 @@ def _last_moves(now: Snapshot, path: Path, acceptable_lag: int) -> tuple[Explana
     name; its warnings of claims no assignment can hold said on stderr."""
     before = now.before_last_join()
     # Two processes reporting one task running: a zombie beside its task's new owner.
-    zombies = likely_zombies(before)
+    zombies = likely_zombies(before, now.protocol)
     processes = [*before, *now.views]
     _warn_conflicts(
         claim_conflicts(before, zombies=zombies),
