@@ -67,16 +67,15 @@ def _warn_conflicts(
     duplicates = conflicts.duplicate_actives
     if conflicts.zombies:
         zombies = listed([name(pid) for pid in conflicts.zombies])
-        noun = "a likely zombie" if len(conflicts.zombies) == 1 else "likely zombies"
+        noun = "likely a zombie" if len(conflicts.zombies) == 1 else "likely zombies"
         say(
-            f"{prefix}{zombies}: {noun} (back from a pause past its session, every task it "
-            "reported running is claimed by another process too): its claims are taken as "
-            "state it holds, the others' as the tasks' owners"
+            f"{prefix}{zombies}: {noun}, a guess: every task it reported running another "
+            "process reports too, as when a worker paused past its session comes back; its "
+            "claims are read as state it holds, the other claimants' as the tasks' owners"
         )
     if duplicates:
-        kept_by = "the sticky assignor keeps (smallest lag, then process id)"
-        if conflicts.zombies:
-            kept_by = "not a likely zombie, else as " + kept_by.replace(" keeps", " keeps one")
+        among = " among those not likely zombies" if conflicts.zombies else ""
+        kept_by = f"the sticky assignor keeps{among} (smallest lag, then process id)"
         claims = listed(
             [
                 f"{task} on {', '.join(map(name, pids))} ({name(kept)} kept)"
