@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import importlib
 import io
 import itertools
 import json
@@ -1630,3 +1631,30 @@ def test_members_table_fits_60_columns_without_an_empty_generation_column() -> N
     members = text[text.index("Members") : text.index("Tasks (")]
     assert_whole_tables(members, MEMBERS_COLUMNS)
     assert "gen" not in members
+
+
+@pytest.mark.parametrize(
+    ("module", "step"),
+    [
+        ("streamassign.cli.describe", "_require"),
+        ("streamassign.cli.describe", "_connection"),
+        ("streamassign.aiokafka.describe", "quality"),
+    ],
+    ids=["loading aiokafka", "connecting", "printing"],
+)
+def test_ctrl_c_ends_every_step_of_describe_with_the_status_of_an_interrupt(
+    monkeypatch: pytest.MonkeyPatch, module: str, step: str
+) -> None:
+    """Only the broker calls gave 130: an interrupt while aiokafka loaded, while connecting
+    or while printing a one-shot view was click's "Aborted!" with status 1."""
+
+    def interrupted(*_: object) -> None:
+        raise KeyboardInterrupt
+
+    async def fetched(*_: object) -> None:
+        return None
+
+    monkeypatch.setattr(importlib.import_module(module), step, interrupted)
+    monkeypatch.setattr("streamassign.aiokafka.describe.fetch_group", fetched)
+    result = CliRunner().invoke(main, ["describe", "g", "-b", "127.0.0.1:1"])
+    assert (result.exit_code, result.output) == (130, "")

@@ -229,6 +229,30 @@ def describe(
     member by its tail), as git names commits; --json has the full ids, and its "assignment"
     table is a saved assignment for `streamassign explain` / `diff`.
     """
+    try:
+        _describe(
+            group, bootstrap, standbys, timeout, watch, interval, acceptable_lag, as_json, security
+        )
+    except KeyboardInterrupt:
+        # Ctrl-C is how a watch ends: quietly, but with the shell's status for it (130), so
+        # a script can tell an interrupt from an end of its own (a reader gone: 0). Caught
+        # around every step (aiokafka's import, connecting, printing), since click turns an
+        # interrupt it sees into "Aborted!" with status 1.
+        raise SystemExit(130) from None
+
+
+def _describe(
+    group: str,
+    bootstrap: str,
+    standbys: int | None,
+    timeout: float,
+    watch: bool,
+    interval: float,
+    acceptable_lag: int,
+    as_json: bool,
+    security: Mapping[str, Any],
+) -> None:
+    """``describe``'s work (:func:`describe` gives an interrupt its status)."""
     import asyncio
 
     _require("aiokafka", "streamassign describe", "aiokafka")
@@ -250,10 +274,6 @@ def describe(
         view = asyncio.run(fetch_group(connection, group))
     except GroupDescribeError as exc:
         raise click.ClickException(str(exc)) from exc
-    except KeyboardInterrupt:
-        # Ctrl-C is how a watch ends: quietly, but with the shell's status for it (130), so
-        # a script can tell an interrupt from an end of its own (a reader gone: 0).
-        raise SystemExit(130) from None
     score = quality(view, standbys)
     warning = _standby_cap_warning(score)
     if warning is not None:
