@@ -230,6 +230,8 @@ def _protocol_switch(earlier: _Side, later: _Side) -> _ProtocolSwitch | None:
     if earlier.family == CONSUMER_FAMILY == later.family:
         return None
     tasks = _tasks_by_partition(earlier.tasks, later.tasks)
+    task_count = len(earlier.named | earlier.tasks.keys())
+    tasks_said = f"{len(tasks)} of {counted(task_count, 'task')} matched by partition"
     used = [t.subtopology for t in (*later.tasks, *later.named)]
     # An earlier task no later one reads the same partitions of is numbered past every later
     # id: matched by id, it would read as moved to whatever the later side calls so.
@@ -239,11 +241,15 @@ def _protocol_switch(earlier: _Side, later: _Side) -> _ProtocolSwitch | None:
     for t in unmatched:
         tasks[t] = TaskId(fresh[t.subtopology], t.partition)
     processes = _processes_by_member(earlier.members, later.members)
+    shared = sum(map(_several_behind_one, earlier.members.values()))
     note = (
         f"note: the assignor protocol changed from {earlier.protocol} to {later.protocol}, "
-        "which name tasks and processes differently: tasks matched by partition, processes by "
-        f"member id or endpoint ({len(processes)} of {len(earlier.members)} matched)"
+        f"which name tasks and processes differently: {tasks_said}, {len(processes)} of "
+        f"{counted(len(earlier.members), 'process', 'processes')} by member id or endpoint"
     )
+    if shared:
+        several = counted(shared, "process", "processes")
+        note += f"; {several} of several workers on one endpoint left unmatched"
     return _ProtocolSwitch(tasks, processes, note)
 
 

@@ -1869,11 +1869,32 @@ def test_explain_across_an_assignor_switch_matches_tasks_by_partition_and_worker
     assert [(m["task"], m["from"], m["to"]) for m in moves] == [
         ("1_0", "b7a91592-84b1-4ee4-9174-d00fceeec9b6", "712a242c-4b4e-4e83-802c-bf08fb5c4c09")
     ]
-    assert result.stderr.splitlines() == [
+    assert " ".join(result.stderr.split()) == (
         "note: the assignor protocol changed from faust to streamassign-faust, which name tasks "
-        "and processes differently: tasks matched by partition, processes by member id or "
-        "endpoint (2 of 2 matched)"
-    ]
+        "and processes differently: 9 of 9 tasks matched by partition, 2 of 2 processes by "
+        "member id or endpoint"
+    )
+
+
+def test_a_switch_that_also_changes_the_topology_says_how_few_tasks_matched(
+    tmp_path: Path,
+) -> None:
+    """The switch also gives each 8_p a second changelog: no later task reads the same
+    partitions, every one read as removed and taken by a task of no previous owner, and the
+    note, one line of 200 characters, counted only processes."""
+    after = json.loads(SWITCH_AFTER.read_text())
+    for task, partitions in after["tasks"].items():
+        if task.startswith("8_"):
+            partitions.append(["stock-other-changelog", int(task[2:])])
+    changed = tmp_path / "after.json"
+    changed.write_text(json.dumps(after))
+    result = CliRunner().invoke(
+        main, ["explain", str(SWITCH_MIXED), str(changed)], env={"COLUMNS": "60"}
+    )
+    assert result.exit_code == 0, result.output
+    note = result.stderr[: result.stderr.index("\n", result.stderr.index("endpoint"))]
+    assert "1 of 9 tasks matched by partition" in " ".join(note.split())
+    assert max(map(len, note.splitlines())) <= 60
 
 
 def test_diff_across_an_assignor_switch_shows_each_worker_changed_not_left() -> None:
@@ -1926,7 +1947,10 @@ def test_workers_sharing_one_url_are_not_matched_across_an_assignor_switch(
     assert code == 0, err
     moved = {m["task"] for m in json.loads(out)["moves"]}
     assert {"1_0", "8_4", "8_5", "8_6", "8_7"} <= moved
-    assert "(0 of 1 matched" in " ".join(err.split())
+    assert " ".join(err.split()).endswith(
+        "0 of 1 process by member id or endpoint; 1 process of several workers on one "
+        "endpoint left unmatched"
+    )
     code, out, err = _invoke("diff", mixed, after, "--json")
     assert code == 0, err
     rows = json.loads(out)

@@ -30,7 +30,7 @@ from ..streams import (
     handed_back,
 )
 from .connection import _check_security, _connection
-from .console import _ReaderGone, _say, _Stdout
+from .console import _ReaderGone, _say_wrapped, _Stdout
 from .describe_tables import _print_group, _print_rebalancing, _view_labels
 from .extras import _require
 from .group import main
@@ -105,7 +105,9 @@ async def _print_views(
             click.echo(warning, err=True)  # once, not at every change of the group
         last_warning = warning
         matched = match_views(last, view)
-        _say(matched.note)  # each renumbering (views between that renumber nothing have none)
+        _say_wrapped(
+            matched.note
+        )  # each renumbering (views between that renumber nothing have none)
         moves = _moves_since(matched.before, view, acceptable_lag)
         # One naming for both views' processes: a moves row names the ones that left too.
         labels = _view_labels(view, matched.before or ())

@@ -15,6 +15,7 @@ from ..explain import (
     claim_conflicts,
     load_snapshot,
 )
+from .console import _say_wrapped
 from .views import _warn_conflicts
 
 #: A saved assignment larger than this is refused before parsing: 100k tasks over 1,000 clients
@@ -50,7 +51,7 @@ def _compared_with(old: Snapshot, new: Snapshot, before: Path, after: Path) -> S
     of a renumbering and its warnings that the files may not be one group's said on stderr."""
     compared = compare_snapshots(old, new, str(before), str(after))
     for line in compared.lines:
-        click.echo(line, err=True)
+        _say_wrapped(line)
     return compared
 
 

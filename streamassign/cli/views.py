@@ -3,12 +3,9 @@ standby rows, and the warnings about claims and standbys that cannot be held."""
 
 from __future__ import annotations
 
-import shutil
-import textwrap
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-import click
 from rich.console import Console
 from rich.table import Table
 
@@ -23,6 +20,7 @@ from ..explain import (
     StandbyMove,
 )
 from ..text import counted, listed
+from .console import _say, _say_wrapped
 
 
 def _tasks_cell(tasks: frozenset[TaskId]) -> str:
@@ -57,12 +55,7 @@ def _warn_conflicts(
         return pid if labels is None else labels.get(pid, pid)
 
     def say(line: str) -> None:
-        if labels is not None:
-            width = shutil.get_terminal_size().columns
-            line = textwrap.fill(
-                line, width, subsequent_indent="  ", break_long_words=False, break_on_hyphens=False
-            )
-        click.echo(line, err=True)
+        (_say if labels is None else _say_wrapped)(line)
 
     duplicates = conflicts.duplicate_actives
     if conflicts.zombies:
