@@ -1596,8 +1596,8 @@ def test_watch_names_each_rebalancing_members_process_and_tasks_and_the_newcomer
     assert said.endswith(
         f"m1 client@10.0.0.1 process {P1}, ran 0_0, 0_1, 1_0 "
         "m9 client@10.0.0.2 joining (not in the last Stable view) "
-        "the group waits until every member rejoins or the rebalance timeout expires (2 "
-        "members of the last Stable view gone)"
+        "the group waits until each member rejoins or is dropped, when its session expires or "
+        "at the latest at the rebalance timeout (2 members of the last Stable view gone)"
     )
 
 

@@ -79,8 +79,13 @@ def _print_group(
     _print_quality(console, score, has_standbys=not consumer, topics=topics if consumer else None)
 
 
-#: What a group in PreparingRebalance waits for, said under its member list.
-_WAITS = "the group waits until every member rejoins or the rebalance timeout expires"
+#: What a group in PreparingRebalance waits for, said under its member list. A member killed
+#: without leaving is dropped when its session expires: with aiokafka's and Faust's defaults
+#: the rebalance timeout is as long, not with a Java member's (its max.poll.interval.ms).
+_WAITS = (
+    "the group waits until each member rejoins or is dropped, when its session expires or at "
+    "the latest at the rebalance timeout"
+)
 
 
 def _print_rebalancing(console: Console, view: Any, last: Any, prefix: str = "") -> None:
