@@ -9,6 +9,7 @@ import contextlib
 import json
 import logging
 import sys
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -86,7 +87,7 @@ async def _print_views(
     outage = _Outage()
     async for view in follow(connection, group, interval):
         if not as_json:
-            back = outage.ended(view)
+            back = outage.ended(view.error)
             if back is not None:
                 console.print(f"{_now()} {group}: {back}", markup=False)
         if not view.readable:
@@ -130,11 +131,10 @@ class _Outage:
     def __init__(self) -> None:
         self.since: float | None = None
 
-    def ended(self, view: Any) -> str | None:
-        """The line to print before ``view`` when it ends an outage; None otherwise."""
-        import time
-
-        if view.error is not None:
+    def ended(self, error: str | None) -> str | None:
+        """The line to print before a view whose poll failed with ``error`` (None: it
+        answered) when it ends an outage; None otherwise."""
+        if error is not None:
             if self.since is None:
                 self.since = time.monotonic()
             return None
