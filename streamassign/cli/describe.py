@@ -10,7 +10,7 @@ import json
 import logging
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -231,59 +231,48 @@ def describe(
     member by its tail), as git names commits; --json has the full ids, and its "assignment"
     table is a saved assignment for `streamassign explain` / `diff`.
     """
+    with _interrupt_ends_with_130():
+        import asyncio
+
+        _require("aiokafka", "streamassign describe", "aiokafka")
+        from ..aiokafka.describe import fetch_group, quality, to_json
+        from ..errors import GroupDescribeError
+
+        # aiokafka logs connection failures through logging's last-resort handler; the one-line
+        # error below says it all.
+        aiokafka_log = logging.getLogger("aiokafka")
+        if not aiokafka_log.handlers:
+            aiokafka_log.addHandler(logging.NullHandler())
+        options = {k: v if not isinstance(v, Path) else str(v) for k, v in security.items()}
+        _check_security(options)
+        connection = _connection(bootstrap, timeout, options)
+        try:
+            if watch:
+                asyncio.run(_watch(connection, group, interval, standbys, as_json, acceptable_lag))
+                return
+            view = asyncio.run(fetch_group(connection, group))
+        except GroupDescribeError as exc:
+            raise click.ClickException(str(exc)) from exc
+        score = quality(view, standbys)
+        warning = _standby_cap_warning(score)
+        if warning is not None:
+            click.echo(warning, err=True)
+        if as_json:
+            click.echo(json.dumps(to_json(view, score), indent=2))
+        else:
+            _print_group(_Stdout(), view, score)
+
+
+@contextlib.contextmanager
+def _interrupt_ends_with_130() -> Iterator[None]:
+    """Ctrl-C is how a watch ends: quietly, but with the shell's status for it (130), so a
+    script can tell an interrupt from an end of its own (a reader gone: 0). Around every step
+    of ``describe`` (aiokafka's import, connecting, printing): click turns an interrupt it
+    sees into "Aborted!" with status 1."""
     try:
-        _describe(
-            group, bootstrap, standbys, timeout, watch, interval, acceptable_lag, as_json, security
-        )
+        yield
     except KeyboardInterrupt:
-        # Ctrl-C is how a watch ends: quietly, but with the shell's status for it (130), so
-        # a script can tell an interrupt from an end of its own (a reader gone: 0). Caught
-        # around every step (aiokafka's import, connecting, printing), since click turns an
-        # interrupt it sees into "Aborted!" with status 1.
         raise SystemExit(130) from None
-
-
-def _describe(
-    group: str,
-    bootstrap: str,
-    standbys: int | None,
-    timeout: float,
-    watch: bool,
-    interval: float,
-    acceptable_lag: int,
-    as_json: bool,
-    security: Mapping[str, Any],
-) -> None:
-    """``describe``'s work (:func:`describe` gives an interrupt its status)."""
-    import asyncio
-
-    _require("aiokafka", "streamassign describe", "aiokafka")
-    from ..aiokafka.describe import fetch_group, quality, to_json
-    from ..errors import GroupDescribeError
-
-    # aiokafka logs connection failures through logging's last-resort handler; the one-line
-    # error below says it all.
-    aiokafka_log = logging.getLogger("aiokafka")
-    if not aiokafka_log.handlers:
-        aiokafka_log.addHandler(logging.NullHandler())
-    options = {k: v if not isinstance(v, Path) else str(v) for k, v in security.items()}
-    _check_security(options)
-    connection = _connection(bootstrap, timeout, options)
-    try:
-        if watch:
-            asyncio.run(_watch(connection, group, interval, standbys, as_json, acceptable_lag))
-            return
-        view = asyncio.run(fetch_group(connection, group))
-    except GroupDescribeError as exc:
-        raise click.ClickException(str(exc)) from exc
-    score = quality(view, standbys)
-    warning = _standby_cap_warning(score)
-    if warning is not None:
-        click.echo(warning, err=True)
-    if as_json:
-        click.echo(json.dumps(to_json(view, score), indent=2))
-    else:
-        _print_group(_Stdout(), view, score)
 
 
 def _standby_cap_warning(score: Any) -> str | None:
