@@ -484,11 +484,13 @@ class SnapshotsCompared:
     """BEFORE as ``explain`` and ``diff`` compare it with AFTER: ``before``, numbered as AFTER
     numbers a consumer group's topics (:func:`_numbered_by`); ``names``: how the moves name
     tasks (None: by id); ``lines``: the note of a renumbering and the warnings that the two
-    may not be one group's, one line each."""
+    may not be one group's, one line each; ``switch_note``: the note of a change of assignor
+    protocol (a long one, to wrap: :class:`_ProtocolSwitch`)."""
 
     before: Snapshot
     names: PartitionNames | None
     lines: tuple[str, ...]
+    switch_note: str | None = None
 
 
 def compare_snapshots(
@@ -499,8 +501,8 @@ def compare_snapshots(
     switch = _protocol_switch(_snapshot_side(old), _snapshot_side(new))
     if switch is not None:
         switched = _renamed(old, switch.task, switch.processes)
-        lines = [switch.note, *_unrelated_warnings(switched, new, before_name, after_name)]
-        return SnapshotsCompared(switched, None, tuple(lines))
+        lines = _unrelated_warnings(switched, new, before_name, after_name)
+        return SnapshotsCompared(switched, None, tuple(lines), switch.note)
     renumbering = _snapshots_renumbering(old, new)
     matched = _numbered_by(old, renumbering)
     lines = []
@@ -698,11 +700,13 @@ class DescribedGroup(Protocol):
 class ViewsMatched:
     """``describe --watch``'s last view as the new one names it: ``before``, its processes
     (:func:`explain`'s ``before``; None before the first view); ``names``: how their moves
-    name tasks (None: by id); ``note``: a renumbering to say (None: no id changed)."""
+    name tasks (None: by id); ``note``: a renumbering to say (None: no id changed);
+    ``switched``: whether it is a change of assignor protocol's (a long note, to wrap)."""
 
     before: Mapping[str, ClientView] | None
     names: PartitionNames | None = None
     note: str | None = None
+    switched: bool = False
 
 
 def match_views(last: DescribedGroup | None, view: DescribedGroup) -> ViewsMatched:
@@ -714,7 +718,7 @@ def match_views(last: DescribedGroup | None, view: DescribedGroup) -> ViewsMatch
         return ViewsMatched(None)
     switch = _protocol_switch(_view_side(last), _view_side(view))
     if switch is not None:
-        return ViewsMatched(switch.views(last.processes()), note=switch.note)
+        return ViewsMatched(switch.views(last.processes()), note=switch.note, switched=True)
     before = named_as_after(last.processes(), last.process_members(), view.process_members())
     if last.family == CONSUMER_FAMILY == view.family:
         matched = _matched_by_partition(before, last, view)

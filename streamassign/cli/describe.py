@@ -31,7 +31,7 @@ from ..streams import (
     handed_back,
 )
 from .connection import _check_security, _connection
-from .console import _ReaderGone, _say_wrapped, _Stdout
+from .console import _ReaderGone, _say, _say_wrapped, _Stdout
 from .describe_tables import _print_group, _print_rebalancing, _view_labels
 from .extras import _require
 from .group import main
@@ -106,9 +106,8 @@ async def _print_views(
             click.echo(warning, err=True)  # once, not at every change of the group
         last_warning = warning
         matched = match_views(last, view)
-        _say_wrapped(
-            matched.note
-        )  # each renumbering (views between that renumber nothing have none)
+        # Each renumbering (views between that renumber nothing have none); a switch's, wrapped.
+        (_say_wrapped if matched.switched else _say)(matched.note)
         moves = _moves_since(matched.before, view, acceptable_lag)
         # One naming for both views' processes: a moves row names the ones that left too.
         labels = _view_labels(view, matched.before or ())

@@ -50,8 +50,9 @@ def _compared_with(old: Snapshot, new: Snapshot, before: Path, after: Path) -> S
     (``compare.compare_snapshots``: a consumer group's tasks matched by partition), its note
     of a renumbering and its warnings that the files may not be one group's said on stderr."""
     compared = compare_snapshots(old, new, str(before), str(after))
+    _say_wrapped(compared.switch_note)
     for line in compared.lines:
-        _say_wrapped(line)
+        click.echo(line, err=True)
     return compared
 
 
