@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Final, Protocol
+from urllib.parse import urlsplit
 
 import attrs
 
@@ -275,16 +276,26 @@ def _processes_by_member(earlier: ProcessMembers, later: ProcessMembers) -> dict
         if _several_behind_one(members):
             continue
         ids = {m for m, _ in members}
-        endpoints = {e for _, e in members if e}
+        endpoints = {e for _, e in members if _names_one_host(e)}
         same = [
             k
             for k, ms in later.items()
-            if ids & {m for m, _ in ms} or endpoints & {e for _, e in ms if e}
+            if ids & {m for m, _ in ms} or endpoints & {e for _, e in ms if _names_one_host(e)}
         ]
         if len(same) == 1 and not _several_behind_one(later[same[0]]):
             matched[key] = same[0]
     targets = Counter(matched.values())
     return {key: new for key, new in matched.items() if targets[new] == 1}
+
+
+def _names_one_host(endpoint: str) -> bool:
+    """Whether ``endpoint`` can tell one worker: not empty, and not a wildcard address
+    (``web_host="0.0.0.0"`` gives every Faust worker ``http://0.0.0.0:6066``, so one worker
+    alone on it before a switch and another alone after would be taken for one)."""
+    if not endpoint:
+        return False
+    host = urlsplit(endpoint if "//" in endpoint else f"//{endpoint}").hostname
+    return host not in (None, "", "0.0.0.0", "::")
 
 
 def _several_behind_one(members: frozenset[tuple[str, str]]) -> bool:

@@ -1957,6 +1957,22 @@ def test_workers_sharing_one_url_are_not_matched_across_an_assignor_switch(
     assert {row["status"] for row in rows.values()} == {"left", "joined"}
 
 
+def test_workers_alone_on_a_wildcard_url_are_not_matched_across_an_assignor_switch() -> None:
+    """A rolling switch of two workers on ``web_host="0.0.0.0"``: before, one worker alone on
+    Faust's protocol (``http://0.0.0.0:6066``); after, the other alone on ours, on the same
+    URL. Matched by that URL, the tasks that moved read as kept ("no active task moved")."""
+    data = Path(__file__).parent / "data"
+    before, after = (
+        str(data / f"faust_switch_wildcard_alone_{side}.json") for side in ("before", "after")
+    )
+    code, out, err = _invoke("explain", before, after, "--json")
+    assert code == 0, err
+    assert len(json.loads(out)["moves"]) == 9
+    code, out, err = _invoke("diff", before, after, "--json")
+    assert code == 0, err
+    assert {row["status"] for row in json.loads(out).values()} == {"left", "joined"}
+
+
 def test_explain_last_credits_no_task_to_a_zombie_and_names_it_in_short() -> None:
     """A Faust worker (a031c13c) paused past its session came back still running 8_2, 8_4 and
     8_6, which the group had given to 9986b500 and dbcab4d7; the rebalance then gave it 8_0,
