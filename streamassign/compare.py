@@ -15,8 +15,10 @@ The work behind ``streamassign explain``, ``diff``, ``plan --clients`` and ``des
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Final, Protocol
+from urllib.parse import urlsplit
 
 import attrs
 
@@ -129,21 +131,33 @@ def _task_ids_named(snapshot: Snapshot) -> set[TaskId]:
 
 def _renumbered(snapshot: Snapshot, renumber: Mapping[int, int]) -> Snapshot:
     """``snapshot`` with each task ``t_p`` named ``renumber[t]_p`` wherever it names one."""
+    return _renamed(snapshot, lambda t: TaskId(renumber[t.subtopology], t.partition), {})
 
-    def task(t: TaskId) -> TaskId:
-        return TaskId(renumber[t.subtopology], t.partition)
+
+def _renamed(
+    snapshot: Snapshot, task: Callable[[TaskId], TaskId], processes: Mapping[str, str]
+) -> Snapshot:
+    """``snapshot`` with each task ``t`` named ``task(t)`` and each process key in
+    ``processes`` named as it says, wherever it names one."""
 
     def tasks(ids: frozenset[TaskId]) -> frozenset[TaskId]:
         return frozenset(map(task, ids))
 
+    def view(v: ClientView) -> ClientView:
+        return _view_renamed(v, task)
+
+    def key(pid: str) -> str:
+        return processes.get(pid, pid)
+
     return attrs.evolve(
         snapshot,
-        views={pid: renumbered_view(v, renumber) for pid, v in snapshot.views.items()},
+        views={key(pid): view(v) for pid, v in snapshot.views.items()},
         reports=tuple(
-            (pid, {task(t): s for t, s in sums.items()}) for pid, sums in snapshot.reports
+            (key(pid), {task(t): s for t, s in sums.items()}) for pid, sums in snapshot.reports
         ),
-        previous_active={pid: tasks(ids) for pid, ids in snapshot.previous_active.items()},
-        departed={pid: renumbered_view(v, renumber) for pid, v in snapshot.departed.items()},
+        previous_active={key(pid): tasks(ids) for pid, ids in snapshot.previous_active.items()},
+        departed={key(pid): view(v) for pid, v in snapshot.departed.items()},
+        process_members={key(pid): ms for pid, ms in snapshot.process_members.items()},
         tasks=dict(sorted(((task(t), p) for t, p in snapshot.tasks.items()), key=lambda i: i[0])),
     )
 
@@ -151,11 +165,16 @@ def _renumbered(snapshot: Snapshot, renumber: Mapping[int, int]) -> Snapshot:
 def renumbered_view(view: ClientView, renumbering: Mapping[int, int]) -> ClientView:
     """``view`` with each task ``t_p`` named ``renumbering[t]_p`` (every ``t`` it names must
     be a key: :func:`_renumbering`)."""
+    return _view_renamed(view, lambda t: TaskId(renumbering[t.subtopology], t.partition))
+
+
+def _view_renamed(view: ClientView, task: Callable[[TaskId], TaskId]) -> ClientView:
+    """``view`` with each task ``t`` named ``task(t)``."""
+    a = view.assignment
 
     def tasks(ids: frozenset[TaskId]) -> frozenset[TaskId]:
-        return frozenset(TaskId(renumbering[t.subtopology], t.partition) for t in ids)
+        return frozenset(map(task, ids))
 
-    a = view.assignment
     return ClientView(
         view.capacity, ClientAssignment(tasks(a.active), tasks(a.standby), tasks(a.warmup))
     )
@@ -164,6 +183,137 @@ def renumbered_view(view: ClientView, renumbering: Mapping[int, int]) -> ClientV
 def _assigned_ids(a: ClientAssignment) -> frozenset[TaskId]:
     """Every task ``a`` names: actives, standbys and warmups."""
     return a.active | a.standby | a.warmup
+
+
+# -- a switch of assignor: tasks matched by partition, processes by member ----------------------
+
+
+@attrs.frozen
+class _ProtocolSwitch:
+    """How the earlier side of a comparison is named as the later one names things when the
+    group's assignor changed between them (a rolling switch from Faust's own assignor to the
+    drop-in): the two number tasks and key processes each their own way (Faust's topic-group
+    numbers and worker URLs; partition counts and process UUIDs), so matched by id every task
+    would read as removed and every process as gone. ``tasks``: every earlier id to its later
+    name (the later task of the same partitions, else a number past every later id, naming
+    nothing there); ``processes``: earlier key to later key, where one later process holds
+    one of its members or endpoints; ``note``: the line that says so."""
+
+    tasks: Mapping[TaskId, TaskId]
+    processes: Mapping[str, str]
+    note: str
+
+    def task(self, task: TaskId) -> TaskId:
+        return self.tasks.get(task, task)
+
+    def views(self, views: Mapping[str, ClientView]) -> dict[str, ClientView]:
+        """``views`` (earlier processes) as the later side names them."""
+        return {self.processes.get(k, k): _view_renamed(v, self.task) for k, v in views.items()}
+
+
+@attrs.frozen
+class _Side:
+    """One side of a comparison as :func:`_protocol_switch` reads it."""
+
+    protocol: str | None
+    family: str | None
+    tasks: TaskTable
+    named: frozenset[TaskId]
+    members: ProcessMembers
+
+
+def _protocol_switch(earlier: _Side, later: _Side) -> _ProtocolSwitch | None:
+    """The :class:`_ProtocolSwitch` from ``earlier`` to ``later``; None when both sides say
+    one protocol (or either says none), or both are consumer groups (numbered alike, by
+    topic: :func:`_renumbering` matches them)."""
+    if earlier.protocol is None or later.protocol is None or earlier.protocol == later.protocol:
+        return None
+    if earlier.family == CONSUMER_FAMILY == later.family:
+        return None
+    tasks = _tasks_by_partition(earlier.tasks, later.tasks)
+    task_count = len(earlier.named | earlier.tasks.keys())
+    tasks_said = f"{len(tasks)} of {counted(task_count, 'task')} matched by partition"
+    used = [t.subtopology for t in (*later.tasks, *later.named)]
+    # An earlier task no later one reads the same partitions of is numbered past every later
+    # id: matched by id, it would read as moved to whatever the later side calls so.
+    unmatched = earlier.named - tasks.keys()
+    numbers = sorted({t.subtopology for t in unmatched})
+    fresh = {s: n for n, s in enumerate(numbers, max(used, default=-1) + 1)}
+    for t in unmatched:
+        tasks[t] = TaskId(fresh[t.subtopology], t.partition)
+    processes = _processes_by_member(earlier.members, later.members)
+    shared = sum(map(_several_behind_one, earlier.members.values()))
+    note = (
+        f"note: the assignor protocol changed from {earlier.protocol} to {later.protocol}, "
+        f"which name tasks and processes differently: {tasks_said}, {len(processes)} of "
+        f"{counted(len(earlier.members), 'process', 'processes')} by member id or endpoint"
+    )
+    if shared:
+        several = counted(shared, "process", "processes")
+        note += f"; {several} of several workers on one endpoint left unmatched"
+    return _ProtocolSwitch(tasks, processes, note)
+
+
+def _tasks_by_partition(earlier: TaskTable, later: TaskTable) -> dict[TaskId, TaskId]:
+    """Earlier id -> later id of the one later task reading exactly the same partitions."""
+    by_partitions: dict[frozenset[TopicPartition], list[TaskId]] = {}
+    for task, parts in later.items():
+        by_partitions.setdefault(parts, []).append(task)
+    return {
+        task: same[0]
+        for task, parts in earlier.items()
+        if parts and len(same := by_partitions.get(parts, [])) == 1
+    }
+
+
+def _processes_by_member(earlier: ProcessMembers, later: ProcessMembers) -> dict[str, str]:
+    """Earlier key -> later key of the one later process holding one of its member ids or
+    endpoints (a Faust worker's URL is its endpoint under both assignors), one to one: a
+    later process two earlier ones lead to is left out rather than guessed, and so is a
+    process on either side whose members share an endpoint (:func:`_several_behind_one`)."""
+    matched: dict[str, str] = {}
+    for key, members in earlier.items():
+        if _several_behind_one(members):
+            continue
+        ids = {m for m, _ in members}
+        endpoints = {e for _, e in members if _names_one_host(e)}
+        same = [
+            k
+            for k, ms in later.items()
+            if ids & {m for m, _ in ms} or endpoints & {e for _, e in ms if _names_one_host(e)}
+        ]
+        if len(same) == 1 and not _several_behind_one(later[same[0]]):
+            matched[key] = same[0]
+    targets = Counter(matched.values())
+    return {key: new for key, new in matched.items() if targets[new] == 1}
+
+
+def _names_one_host(endpoint: str) -> bool:
+    """Whether ``endpoint`` can tell one worker: not empty, and not a wildcard address
+    (``web_host="0.0.0.0"`` gives every Faust worker ``http://0.0.0.0:6066``, so one worker
+    alone on it before a switch and another alone after would be taken for one)."""
+    if not endpoint:
+        return False
+    host = urlsplit(endpoint if "//" in endpoint else f"//{endpoint}").hostname
+    return host not in (None, "", "0.0.0.0", "::")
+
+
+def _several_behind_one(members: frozenset[tuple[str, str]]) -> bool:
+    """Whether two of ``members`` give one endpoint: Faust workers all on one URL (a
+    ``web_host`` of 0.0.0.0), which a group keyed by URL reads as one process. Matched to a
+    process of the other side, every task of the worker that stopped would read as kept."""
+    endpoints = [e for _, e in members if e]
+    return len(endpoints) != len(set(endpoints))
+
+
+def _snapshot_side(snapshot: Snapshot) -> _Side:
+    return _Side(
+        snapshot.protocol,
+        snapshot.family,
+        snapshot.tasks,
+        frozenset(_task_ids_named(snapshot)),
+        snapshot.process_members,
+    )
 
 
 # -- a consumer group's moves, named by partition ---------------------------------------------
@@ -345,11 +495,13 @@ class SnapshotsCompared:
     """BEFORE as ``explain`` and ``diff`` compare it with AFTER: ``before``, numbered as AFTER
     numbers a consumer group's topics (:func:`_numbered_by`); ``names``: how the moves name
     tasks (None: by id); ``lines``: the note of a renumbering and the warnings that the two
-    may not be one group's, one line each."""
+    may not be one group's, one line each; ``switch_note``: the note of a change of assignor
+    protocol (a long one, to wrap: :class:`_ProtocolSwitch`)."""
 
     before: Snapshot
     names: PartitionNames | None
     lines: tuple[str, ...]
+    switch_note: str | None = None
 
 
 def compare_snapshots(
@@ -357,6 +509,11 @@ def compare_snapshots(
 ) -> SnapshotsCompared:
     """BEFORE (``old``, saved as ``before_name``) as compared with AFTER (``new``, saved as
     ``after_name``): see :class:`SnapshotsCompared`."""
+    switch = _protocol_switch(_snapshot_side(old), _snapshot_side(new))
+    if switch is not None:
+        switched = _renamed(old, switch.task, switch.processes)
+        lines = _unrelated_warnings(switched, new, before_name, after_name)
+        return SnapshotsCompared(switched, None, tuple(lines), switch.note)
     renumbering = _snapshots_renumbering(old, new)
     matched = _numbered_by(old, renumbering)
     lines = []
@@ -537,6 +694,9 @@ class DescribedGroup(Protocol):
     def family(self) -> str: ...
 
     @property
+    def protocol(self) -> str: ...
+
+    @property
     def members(self) -> Sequence[DescribedMember]: ...
 
     @property
@@ -551,11 +711,13 @@ class DescribedGroup(Protocol):
 class ViewsMatched:
     """``describe --watch``'s last view as the new one names it: ``before``, its processes
     (:func:`explain`'s ``before``; None before the first view); ``names``: how their moves
-    name tasks (None: by id); ``note``: a renumbering to say (None: no id changed)."""
+    name tasks (None: by id); ``note``: a renumbering to say (None: no id changed);
+    ``switched``: whether it is a change of assignor protocol's (a long note, to wrap)."""
 
     before: Mapping[str, ClientView] | None
     names: PartitionNames | None = None
     note: str | None = None
+    switched: bool = False
 
 
 def match_views(last: DescribedGroup | None, view: DescribedGroup) -> ViewsMatched:
@@ -565,12 +727,23 @@ def match_views(last: DescribedGroup | None, view: DescribedGroup) -> ViewsMatch
     matched by partition, as ``explain`` matches two saved snapshots of the group."""
     if last is None:
         return ViewsMatched(None)
+    switch = _protocol_switch(_view_side(last), _view_side(view))
+    if switch is not None:
+        return ViewsMatched(switch.views(last.processes()), note=switch.note, switched=True)
     before = named_as_after(last.processes(), last.process_members(), view.process_members())
     if last.family == CONSUMER_FAMILY == view.family:
         matched = _matched_by_partition(before, last, view)
         if matched is not None:
             return matched
     return ViewsMatched(before)
+
+
+def _view_side(view: DescribedGroup) -> _Side:
+    named = {t for v in view.processes().values() for t in _assigned_ids(v.assignment)}
+    members = view.process_members()
+    return _Side(
+        view.protocol, view.family, view.tasks, frozenset(named | view.tasks.keys()), members
+    )
 
 
 def _matched_by_partition(

@@ -25,6 +25,7 @@ from .protocol import LATEST_OFFSET, running_tasks
 from .sticky import resolve_previous_owners
 from .streams import (
     ACCEPTABLE_RECOVERY_LAG,
+    FAUST_PROTOCOL_NAME,
     best_offset_sums,
     handed_back,
     local_state_lags,
@@ -149,17 +150,24 @@ class ClaimConflicts:
 
     duplicate_actives: tuple[tuple[TaskId, tuple[str, ...], str], ...] = ()
     active_and_standby: tuple[tuple[TaskId, str], ...] = ()
+    #: The claimants taken as zombies (:func:`likely_zombies`), never kept where another
+    #: claimant is.
+    zombies: tuple[str, ...] = ()
 
     def __bool__(self) -> bool:
         return bool(self.duplicate_actives or self.active_and_standby)
 
 
 def claim_conflicts(
-    view: Mapping[str, ClientView], lags: Mapping[str, Mapping[TaskId, int]] | None = None
+    view: Mapping[str, ClientView],
+    lags: Mapping[str, Mapping[TaskId, int]] | None = None,
+    *,
+    zombies: Collection[str] = (),
 ) -> ClaimConflicts:
     """The claims of ``view`` no assignment can hold, and how they are read (``lags``: the
-    clients' ``ClientState.lags`` when known; they decide which duplicate claim is kept)."""
-    owners = _resolved_owners(view, lags or {})
+    clients' ``ClientState.lags`` when known; they decide which duplicate claim is kept;
+    ``zombies``: claimants never kept where another claims the task)."""
+    owners = _resolved_owners(view, lags or {}, zombies)
     duplicates = [
         (task, claimants, kept)
         for task, (claimants, kept) in sorted(owners.items())
@@ -170,23 +178,56 @@ def claim_conflicts(
         for pid, client in view.items()
         for task in client.assignment.active & client.assignment.standby
     )
-    return ClaimConflicts(tuple(duplicates), tuple(both))
+    return ClaimConflicts(tuple(duplicates), tuple(both), tuple(sorted(zombies)))
+
+
+def likely_zombies(view: Mapping[str, ClientView], protocol: str | None) -> frozenset[str]:
+    """The processes of ``view`` (what members said they ran at their last join) whose every
+    active claim another process claims too, where each such task has a claimant not in that
+    case: a process paused past its session (a zombie) comes back still running what the
+    group gave away meanwhile, so it claims nothing alone, while the tasks' new owners claim
+    theirs. Taken by the process id order the assignor's tie-break uses, its claims would
+    credit it with tasks their real owners ran.
+
+    Only under the Faust drop-in (``protocol``), whose members report every active running
+    whether restored or not, so every task given away contests the zombie's claim. The
+    runtime reports an active it still restores as local state: the zombie then keeps a claim
+    of its own and a healthy process whose tasks it claims reads as the zombie."""
+    if protocol != FAUST_PROTOCOL_NAME:
+        return frozenset()
+    claims = _owners(view, "active")
+    contested = {task: pids for task, pids in claims.items() if len(pids) > 1}
+    suspects = {
+        pid
+        for pid, client in view.items()
+        if client.assignment.active and client.assignment.active <= contested.keys()
+    }
+    if any(set(pids) <= suspects for pids in contested.values()):
+        return frozenset()  # two processes claiming only each other's tasks: which is unknown
+    return frozenset(suspects)
 
 
 def _resolved_owners(
-    view: Mapping[str, ClientView], lags: Mapping[str, Mapping[TaskId, int]]
+    view: Mapping[str, ClientView],
+    lags: Mapping[str, Mapping[TaskId, int]],
+    zombies: Collection[str] = (),
 ) -> dict[TaskId, tuple[tuple[str, ...], str]]:
     """Per task active in ``view``: its claimants (process id order) and the one kept, by the
-    sticky assignor's own rule when there are several."""
+    sticky assignor's own rule when there are several, ``zombies`` left out of a task's
+    claimants where another remains."""
     claims = _owners(view, "active")
-    contested = {task: pids for task, pids in claims.items() if len(pids) > 1}
+    contested = {
+        task: [p for p in pids if p not in zombies] or pids
+        for task, pids in claims.items()
+        if len(pids) > 1
+    }
     kept: dict[TaskId, str] = {}
     if contested:
         claimants = sorted({pid for pids in contested.values() for pid in pids})
         states = [
             ClientState(
                 pid,
-                prev_active=view[pid].assignment.active & contested.keys(),
+                prev_active=frozenset(t for t, pids in contested.items() if pid in pids),
                 lags={t: n for t, n in lags.get(pid, {}).items() if t in contested},
             )
             for pid in claimants
@@ -285,6 +326,7 @@ def explain(
     claim_lags: Mapping[str, Mapping[TaskId, int]] | None = None,
     from_last_join: bool = False,
     returned: Mapping[TaskId, str] | None = None,
+    zombies: Collection[str] = (),
 ) -> Explanation:
     """Every task whose active or standby placement differs between ``before`` and ``after``.
 
@@ -300,11 +342,12 @@ def explain(
     :meth:`Snapshot.before_last_join` (a task without an owner there is ``NOT_REPORTED``).
     ``returned``: per task, the restarted process the leader's rule hands it back to
     (:meth:`Snapshot.handed_back`); a task moved there from a process still present is
-    ``HANDED_BACK``.
+    ``HANDED_BACK``. ``zombies`` (:func:`likely_zombies` of ``before``) are never taken as
+    the previous owner of a task another process claims too.
     """
     known_lags = lags or {}
     shared_running = _shared_running(before, known_lags)
-    old_owners = _resolved_owners(before, claim_lags or {})
+    old_owners = _resolved_owners(before, claim_lags or {}, zombies)
     new_owners = _resolved_owners(after, {})
     old_active = {t: kept for t, (_, kept) in old_owners.items()}
     new_active = {t: kept for t, (_, kept) in new_owners.items()}

@@ -11,16 +11,25 @@ from streamassign.aiokafka import describe as describe_module
 
 
 def followed_views(
-    monkeypatch: pytest.MonkeyPatch, polls: Sequence[describe_module.GroupView]
+    monkeypatch: pytest.MonkeyPatch,
+    polls: Sequence[describe_module.GroupView | Exception],
+    *,
+    fresh_start: Exception | None = None,
 ) -> list[describe_module.GroupView]:
     """The views ``describe.follow`` yields when its admin client's polls return ``polls`` in
-    turn (the poll after the last raises, which ends the watch)."""
+    turn, an exception among them raised by its poll (the poll after the last raises, which
+    ends the watch); a client started afresh after the first fails with ``fresh_start``
+    (None: it starts)."""
+    started = []
 
     class ScriptedAdmin:
         def __init__(self, _: object) -> None:
             self.polls = iter(polls)
 
         async def __aenter__(self) -> ScriptedAdmin:
+            started.append(self)
+            if len(started) > 1 and fresh_start is not None:
+                raise fresh_start
             return self
 
         async def __aexit__(self, *_: object) -> None:
@@ -30,6 +39,8 @@ def followed_views(
             view = next(self.polls, None)
             if view is None:
                 raise RuntimeError("no more polls")
+            if isinstance(view, Exception):
+                raise view
             return view
 
     async def followed() -> list[describe_module.GroupView]:

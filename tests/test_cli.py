@@ -764,3 +764,18 @@ def test_pipeline_defaults_show_their_values_in_help(command: str) -> None:
     assert "(dynamic)" not in result.output
     for constant in (simulate.RESTORE_RATE, simulate.PROBING_INTERVAL_S):
         assert f"[default: {exact_number(constant)}" in result.output, constant
+
+
+def test_a_consumer_groups_quality_rows_name_its_topics() -> None:
+    """A plain consumer group has no subtopologies: its row read ``subtopology 0`` where the
+    docs say each topic is scored."""
+    pytest.importorskip("aiokafka")
+    from .test_describe import printed
+
+    view = _consumer_view(
+        ["orders", "a-new"], {"m1": [("orders", 0), ("a-new", 0)], "m2": [("orders", 1)]}
+    )
+    text = printed(view)
+    assert "topic a-new: actives per process (of 1)" in text
+    assert "topic orders: actives per process (of 2)" in text
+    assert "subtopology" not in text

@@ -3,7 +3,9 @@ CLI tests of ``explain``, ``diff``, ``plan --clients`` and ``describe --watch`` 
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import attrs
@@ -146,6 +148,7 @@ class View:
     members: tuple[Member, ...]
     tasks: TaskTable
     actives: Mapping[str, str]
+    protocol: str = "range"
 
     def processes(self) -> dict[str, ClientView]:
         return {
@@ -377,3 +380,52 @@ def test_files_name_a_subscribed_topic_with_no_partition_only_where_it_renumbere
         "renumbered by a change of topics (removed topic a-new); a removed topic numbered past "
         "every id there: a-new as 2_p"
     )
+
+
+@attrs.frozen
+class SavedView:
+    """A saved ``describe --json`` file as ``match_views`` reads a live view of the group."""
+
+    saved: Snapshot
+
+    @property
+    def family(self) -> str:
+        return str(self.saved.family)
+
+    @property
+    def protocol(self) -> str:
+        return str(self.saved.protocol)
+
+    @property
+    def members(self) -> tuple[Member, ...]:
+        return ()
+
+    @property
+    def tasks(self) -> TaskTable:
+        return self.saved.tasks
+
+    def processes(self) -> Mapping[str, ClientView]:
+        return self.saved.views
+
+    def process_members(self) -> ProcessMembers:
+        return self.saved.process_members
+
+
+def test_match_views_across_an_assignor_switch_matches_by_partition_and_endpoint() -> None:
+    """``describe --watch`` across the rolling switch from Faust's own assignor to the
+    drop-in: each worker's tasks under their new ids and its new key, and a note."""
+    data = Path(__file__).parent / "data"
+    mixed, after = (
+        SavedView(load_snapshot(json.loads((data / f"faust_switch_{n}.json").read_text()), n))
+        for n in ("mixed", "after")
+    )
+    matched = match_views(mixed, after)
+    assert matched.note is not None and matched.note.startswith(
+        "note: the assignor protocol changed from faust to streamassign-faust"
+    )
+    leader = TaskId(1, 0)  # the leader topic's partition: the one task that moved
+    assert matched.before is not None and matched.before.keys() == after.processes().keys()
+    for pid, view in after.processes().items():
+        was = matched.before[pid].assignment
+        assert was.active - {leader} == view.assignment.active - {leader}, pid
+        assert was.standby - {leader} == view.assignment.standby, pid

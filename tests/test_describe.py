@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import importlib
 import io
 import itertools
 import json
@@ -913,7 +914,7 @@ def test_dead_group_listed_by_list_groups_is_named_by_its_protocol() -> None:
 
 
 #: The Members table's columns (rich crops a table wider than the console: the last go first).
-MEMBERS_COLUMNS = ("member", "client@host", "process", "a+s+w", "versions", "gen")
+MEMBERS_COLUMNS = ("member", "client@host", "process", "a+s+w", "versions")
 
 
 def printed(view: GroupView) -> str:
@@ -965,7 +966,9 @@ def test_a_members_host_is_never_folded(width: int, host: str) -> None:
     cells = [line.split("│")[2].strip() for line in lines if "│ aiokafka" in line]
     below = [line.split("│")[2].strip() for line in lines if "│ @" in line]
     after = [line for line in lines if line.startswith("member …")]
-    if width == 160:
+    # At 80 columns a short host fits beside its client id (no generation column to make
+    # room for: the streams protocol carries none).
+    if width == 160 or len(host) <= len("127.0.0.1"):
         assert (cells, below, after) == ([f"aiokafka-0.14.0@{host}"] * 2, [], [])
     elif len(host) <= len("255.255.255.255"):
         assert (cells, below, after) == (["aiokafka-0.14.0"] * 2, [f"@{host}"] * 2, [])
@@ -1491,3 +1494,167 @@ def test_a_null_topic_name_makes_the_member_undecodable(
         assert undecodable == {"bad": reason, "good": undecodable["good"]}, protocol
         json.dumps(to_json(view, quality(view)))
         assert f"member bad: undecodable: {reason}" in printed(view)
+
+
+def _asked(times: int) -> GroupDescribeError:
+    """The long-lived client's failure while the broker is down, as seen in a live outage:
+    its text counts the asks."""
+    return GroupDescribeError(
+        "cannot describe group 'g': NodeNotReadyError: Attempt to send a request to node which "
+        f"is not ready (node id 1). (asked {times} times over 10.{times} s: the group's "
+        "coordinator restarting or moving, or its address unreachable?)"
+    )
+
+
+def test_follow_says_an_outage_once_with_a_fresh_clients_plain_reason(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Seen in a broker outage: every poll yielded a view, as the failure's text counts the
+    asks, and named aiokafka's NodeNotReadyError where a one-shot describe said "connection
+    refused". One view for the outage, its reason a fresh client's, and one when it ends."""
+    from .describe_polls import followed_views
+
+    stable = describe_bytes("g", "Stable", "consumer", PROTOCOL_NAME, streams_group())
+    refused = GroupDescribeError(
+        "cannot reach x:1: connection refused (no broker listening there?)"
+    )
+    shown = followed_views(
+        monkeypatch, [stable, _asked(12), _asked(13), _asked(14), stable], fresh_start=refused
+    )
+    assert [(v.state, v.error) for v in shown] == [
+        ("Stable", None),
+        ("unavailable", "cannot reach x:1: connection refused (no broker listening there?)"),
+        ("Stable", None),
+    ]
+
+
+def test_follow_keeps_the_failures_own_reason_when_a_fresh_client_reaches_the_cluster(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from .describe_polls import followed_views
+
+    stable = describe_bytes("g", "Stable", "consumer", PROTOCOL_NAME, streams_group())
+    shown = followed_views(monkeypatch, [stable, _asked(3)])
+    assert shown[1].error == str(_asked(3))
+
+
+def test_watch_prints_an_outage_once_and_its_end(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The table watch says the outage in one line and how long it lasted when the group
+    answers again; --json gives a state scripts can match exactly and the reason apart."""
+    stable = describe_bytes("g", "Stable", "consumer", PROTOCOL_NAME, streams_group())
+    away = attrs.evolve(
+        describe_bytes("g", "unavailable", "", "", []), error="cannot reach x:1: refused"
+    )
+    with (tmp_path / "out.txt").open("w") as stdout:
+        _watch_with(monkeypatch, [stable, away, stable], stdout, forever=False, as_json=False)
+    text = (tmp_path / "out.txt").read_text()
+    said = re.findall(r"\d\d:\d\d:\d\d UTC (g: [^│┃]*?)\n(?=\d\d:|─|$)", text)
+    assert [" ".join(line.split()) for line in said] == [
+        "g: unavailable: cannot reach x:1: refused; asking again until it answers",
+        "g: available again after 0 s",
+    ]
+    with (tmp_path / "out.jsonl").open("w") as stdout:
+        _watch_with(monkeypatch, [stable, away, stable], stdout, forever=False)
+    lines = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
+    assert lines[1] == {"group": "g", "state": "unavailable", "error": "cannot reach x:1: refused"}
+
+
+def test_a_stable_groups_heading_says_what_describe_groups_cannot_tell() -> None:
+    """Seen in incidents: a worker killed 4 s before still showed running its tasks in a
+    Stable group, and a task restoring for 11 s showed simply active; nothing in the output
+    said either could be so. A line under the heading says it, pointing at the docs."""
+    view = describe_bytes("orders", "Stable", "consumer", PROTOCOL_NAME, streams_group())
+    text = " ".join(printed(view).split())
+    heading, _, rest = text.partition(" process(es) ")
+    assert heading.startswith("orders: Stable")
+    assert rest.partition(" Processes ")[0] == (
+        "as of the last rebalance: a dead member shows until its session expires; a "
+        "restoring task reads as active (docs/operations.md, What it shows)"
+    )
+
+
+def test_watch_names_each_rebalancing_members_process_and_tasks_and_the_newcomer(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Seen in a 26 s PreparingRebalance after a kill -9: five member ids, all one
+    client@host, and nothing said which was which or what the group waited for. The watch
+    knows each known member's process and tasks from the last Stable view."""
+    stable = describe_bytes("g", "Stable", "consumer", PROTOCOL_NAME, streams_group())
+    rebalancing = describe_bytes(
+        "g",
+        "PreparingRebalance",
+        "consumer",
+        "",
+        [RawMember("m1", "client", "/10.0.0.1"), RawMember("m9", "client", "/10.0.0.2")],
+    )
+    with (tmp_path / "out.txt").open("w") as stdout:
+        _watch_with(monkeypatch, [stable, rebalancing], stdout, forever=False, as_json=False)
+    text = (tmp_path / "out.txt").read_text()
+    said = " ".join(text[text.index("PreparingRebalance") :].split())
+    assert said.endswith(
+        f"m1 client@10.0.0.1 process {P1}, ran 0_0, 0_1, 1_0 "
+        "m9 client@10.0.0.2 joining (not in the last Stable view) "
+        "the group waits until each member rejoins or is dropped, when its session expires or "
+        "at the latest at the rebalance timeout (2 members of the last Stable view gone)"
+    )
+
+
+def test_ctrl_c_ends_a_watch_with_the_status_of_an_interrupt(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A script must tell Ctrl-C (130, as the shell gives) from a watch whose reader went
+    away (0); both end without a trace."""
+    from streamassign.cli import describe as describe_cli
+
+    async def interrupted(*_: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(describe_cli, "_watch", interrupted)
+    result = CliRunner().invoke(main, ["describe", "g", "-b", "127.0.0.1:1", "--watch"])
+    assert (result.exit_code, result.output) == (130, "")
+
+
+def test_members_table_fits_60_columns_without_an_empty_generation_column() -> None:
+    """At 60 columns the Members table lost its right-hand columns and border: a ``gen``
+    column of ``-`` (the streams protocol carries no generation) and versions that would not
+    wrap. It is whole now; a consumer assignor's generation keeps its column."""
+    from rich.console import Console
+
+    from streamassign.cli.describe_tables import _print_group
+
+    view = describe_bytes("g", "Stable", "consumer", PROTOCOL_NAME, streams_group())
+    console = Console(width=60, record=True)
+    _print_group(console, view, quality(view))
+    text = console.export_text()
+    members = text[text.index("Members") : text.index("Tasks (")]
+    assert_whole_tables(members, MEMBERS_COLUMNS)
+    assert "gen" not in members
+
+
+@pytest.mark.parametrize(
+    ("module", "step"),
+    [
+        ("streamassign.cli.describe", "_require"),
+        ("streamassign.cli.describe", "_connection"),
+        ("streamassign.aiokafka.describe", "quality"),
+    ],
+    ids=["loading aiokafka", "connecting", "printing"],
+)
+def test_ctrl_c_ends_every_step_of_describe_with_the_status_of_an_interrupt(
+    monkeypatch: pytest.MonkeyPatch, module: str, step: str
+) -> None:
+    """Only the broker calls gave 130: an interrupt while aiokafka loaded, while connecting
+    or while printing a one-shot view was click's "Aborted!" with status 1."""
+
+    def interrupted(*_: object) -> None:
+        raise KeyboardInterrupt
+
+    async def fetched(*_: object) -> None:
+        return None
+
+    monkeypatch.setattr(importlib.import_module(module), step, interrupted)
+    monkeypatch.setattr("streamassign.aiokafka.describe.fetch_group", fetched)
+    result = CliRunner().invoke(main, ["describe", "g", "-b", "127.0.0.1:1"])
+    assert (result.exit_code, result.output) == (130, "")

@@ -25,6 +25,7 @@ from streamassign.explain import (
     Snapshot,
     claim_conflicts,
     explain,
+    likely_zombies,
     load_snapshot,
     local_state,
     named_as_after,
@@ -1146,12 +1147,13 @@ def test_explain_last_warns_of_a_task_two_processes_reported_running(tmp_path: P
     )
     result = cli_runner().invoke(main, ["explain", "--last", now], env=WIDE)
     assert result.exit_code == 0, result.output
-    assert result.stderr.splitlines() == [
+    # Wrapped to the terminal, as the zombie's warning had one line of hundreds of characters.
+    assert " ".join(result.stderr.split()) == (
         f"warning: {now} (before its last rebalance): 2 tasks active on several clients: "
         "0_3 on bd, c9 (bd kept); 0_5 on bd, c9 (bd kept); each is taken as run by the "
         "claimant the sticky assignor keeps (smallest lag, then process id), the others as "
         "holding its state"
-    ]
+    )
     assert "0_5" in result.stdout and "local state" in result.stdout
 
 
@@ -1847,3 +1849,207 @@ def test_a_subscribed_topic_without_partitions_says_so(tmp_path: Path) -> None:
     assert err.endswith(
         "renumbered by a subscribed topic with no partition assigned (or an edited file)\n"
     )
+
+
+#: ``describe --json`` of a two-worker Faust app in a rolling switch from Faust's own assignor
+#: (``faust``: topic-group ids, URL keys) to the drop-in (``streamassign-faust``: ids by
+#: partition count, UUID keys): each worker kept its source partitions; only the leader
+#: topic's partition moved, from the worker on 6082 to the one on 6081.
+SWITCH_MIXED = Path(__file__).parent / "data" / "faust_switch_mixed.json"
+SWITCH_AFTER = Path(__file__).parent / "data" / "faust_switch_after.json"
+
+
+def test_explain_across_an_assignor_switch_matches_tasks_by_partition_and_workers_by_url() -> None:
+    """Matched by id and key, every task read as removed and every worker as gone (17 moves
+    that never were, and a "topology change" warning); matched by partition and endpoint,
+    the one real move is left, and a note says the protocol changed."""
+    result = CliRunner().invoke(main, ["explain", str(SWITCH_MIXED), str(SWITCH_AFTER), "--json"])
+    assert result.exit_code == 0, result.output
+    moves = json.loads(result.stdout)["moves"]
+    assert [(m["task"], m["from"], m["to"]) for m in moves] == [
+        ("1_0", "b7a91592-84b1-4ee4-9174-d00fceeec9b6", "712a242c-4b4e-4e83-802c-bf08fb5c4c09")
+    ]
+    assert " ".join(result.stderr.split()) == (
+        "note: the assignor protocol changed from faust to streamassign-faust, which name tasks "
+        "and processes differently: 9 of 9 tasks matched by partition, 2 of 2 processes by "
+        "member id or endpoint"
+    )
+
+
+def test_a_switch_that_also_changes_the_topology_says_how_few_tasks_matched(
+    tmp_path: Path,
+) -> None:
+    """The switch also gives each 8_p a second changelog: no later task reads the same
+    partitions, every one read as removed and taken by a task of no previous owner, and the
+    note, one line of 200 characters, counted only processes."""
+    after = json.loads(SWITCH_AFTER.read_text())
+    for task, partitions in after["tasks"].items():
+        if task.startswith("8_"):
+            partitions.append(["stock-other-changelog", int(task[2:])])
+    changed = tmp_path / "after.json"
+    changed.write_text(json.dumps(after))
+    result = CliRunner().invoke(
+        main, ["explain", str(SWITCH_MIXED), str(changed)], env={"COLUMNS": "60"}
+    )
+    assert result.exit_code == 0, result.output
+    note = result.stderr[: result.stderr.index("\n", result.stderr.index("endpoint"))]
+    assert "1 of 9 tasks matched by partition" in " ".join(note.split())
+    assert max(map(len, note.splitlines())) <= 60
+
+
+def test_diff_across_an_assignor_switch_shows_each_worker_changed_not_left() -> None:
+    """``diff`` reads no member rows, but needs them to tell which UUID a worker's URL
+    became."""
+    result = CliRunner().invoke(main, ["diff", str(SWITCH_MIXED), str(SWITCH_AFTER), "--json"])
+    assert result.exit_code == 0, result.output
+    rows = json.loads(result.stdout)
+    assert {pid: row["status"] for pid, row in rows.items()} == {
+        "712a242c-4b4e-4e83-802c-bf08fb5c4c09": "changed",
+        "b7a91592-84b1-4ee4-9174-d00fceeec9b6": "changed",
+    }
+    assert rows["712a242c-4b4e-4e83-802c-bf08fb5c4c09"]["+active"] == ["1_0"]
+
+
+def _workers_on_one_url(tmp_path: Path) -> tuple[str, str]:
+    """The switch's two files as workers on ``web_host="0.0.0.0"`` give them: before, both
+    workers one process ``http://0.0.0.0:6066`` of two members; after, the worker on 6082
+    stopped for its restart and 712a242c runs every task."""
+    url, kept = "http://0.0.0.0:6066", "712a242c-4b4e-4e83-802c-bf08fb5c4c09"
+    mixed, after = (json.loads(p.read_text()) for p in (SWITCH_MIXED, SWITCH_AFTER))
+    merged = {"capacity": 1, "active": [], "standby": [], "warmup": [], "members": []}
+    for row in mixed["assignment"].values():
+        for field in ("active", "members"):
+            merged[field] = sorted({*merged[field], *row[field]})
+    mixed["assignment"] = {url: merged}
+    for member in mixed["members"]:
+        member["process"] = member["endpoint"] = url
+    every = sorted({t for row in after["assignment"].values() for t in row["active"]})
+    after["assignment"] = {kept: {**after["assignment"][kept], "active": every, "standby": []}}
+    after["members"] = [
+        {**m, "endpoint": url, "active": every, "standby": []}
+        for m in after["members"]
+        if m["process"] == kept
+    ]
+    paths = (tmp_path / "mixed.json", tmp_path / "after.json")
+    for path, data in zip(paths, (mixed, after), strict=True):
+        path.write_text(json.dumps(data))
+    return str(paths[0]), str(paths[1])
+
+
+def test_workers_sharing_one_url_are_not_matched_across_an_assignor_switch(
+    tmp_path: Path,
+) -> None:
+    """Two Faust workers behind one URL read as one process; matched by that URL to the one
+    worker left after the switch, every task of the stopped worker read as kept: "no active
+    task moved" and "no client changed", where 1_0 and 8_4..8_7 moved."""
+    mixed, after = _workers_on_one_url(tmp_path)
+    code, out, err = _invoke("explain", mixed, after, "--json")
+    assert code == 0, err
+    moved = {m["task"] for m in json.loads(out)["moves"]}
+    assert {"1_0", "8_4", "8_5", "8_6", "8_7"} <= moved
+    assert " ".join(err.split()).endswith(
+        "0 of 1 process by member id or endpoint; 1 process of several workers on one "
+        "endpoint left unmatched"
+    )
+    code, out, err = _invoke("diff", mixed, after, "--json")
+    assert code == 0, err
+    rows = json.loads(out)
+    assert {row["status"] for row in rows.values()} == {"left", "joined"}
+
+
+def test_workers_alone_on_a_wildcard_url_are_not_matched_across_an_assignor_switch() -> None:
+    """A rolling switch of two workers on ``web_host="0.0.0.0"``: before, one worker alone on
+    Faust's protocol (``http://0.0.0.0:6066``); after, the other alone on ours, on the same
+    URL. Matched by that URL, the tasks that moved read as kept ("no active task moved")."""
+    data = Path(__file__).parent / "data"
+    before, after = (
+        str(data / f"faust_switch_wildcard_alone_{side}.json") for side in ("before", "after")
+    )
+    code, out, err = _invoke("explain", before, after, "--json")
+    assert code == 0, err
+    assert len(json.loads(out)["moves"]) == 9
+    code, out, err = _invoke("diff", before, after, "--json")
+    assert code == 0, err
+    assert {row["status"] for row in json.loads(out).values()} == {"left", "joined"}
+
+
+def test_explain_last_credits_no_task_to_a_zombie_and_names_it_in_short() -> None:
+    """A Faust worker (a031c13c) paused past its session came back still running 8_2, 8_4 and
+    8_6, which the group had given to 9986b500 and dbcab4d7; the rebalance then gave it 8_0,
+    8_4 and 8_6. Taken by process id, its claim of 8_6 hid dbcab4d7's, and the move of 8_6
+    was lost; the warning was one line of full UUIDs."""
+    saved = Path(__file__).parent / "data" / "faust_zombie_back.json"
+    result = CliRunner().invoke(
+        main, ["explain", "--last", str(saved), "--json"], env={"COLUMNS": "80"}
+    )
+    assert result.exit_code == 0, result.output
+    moves = [(m["task"], m["from"][:8], m["to"][:8]) for m in json.loads(result.stdout)["moves"]]
+    assert moves == [
+        ("8_0", "9986b500", "a031c13c"),
+        ("8_4", "9986b500", "a031c13c"),
+        ("8_6", "dbcab4d7", "a031c13c"),
+    ]
+    warned = result.stderr
+    assert "a031c13c: likely a zombie, a guess" in warned
+    assert "8_6 on a031c13c, dbcab4d7 (dbcab4d7 kept)" in " ".join(warned.split())
+    assert "a031c13c-" not in warned and "dbcab4d7-" not in warned  # no full process ids
+    assert max(map(len, warned.splitlines())) <= 80
+
+
+def test_explain_last_names_no_zombie_where_a_restoring_owner_does_not_contest(
+    tmp_path: Path,
+) -> None:
+    """A runtime group: Z, paused past its session, comes back still running 0_1 and 0_2;
+    H1, given 0_1 meanwhile, is still restoring it (the runtime reports that as an offset
+    sum, not as running), and H2 ran 0_2 alone. Every task H2 ran read as contested, so H2
+    was named a likely zombie and 0_2 as moved onto it from Z."""
+    after = snapshot(
+        tmp_path / "after.json",
+        {"Z": {"active": []}, "H1": {"active": ["0_1", "0_3"]}, "H2": {"active": ["0_2"]}},
+        {"Z": {"0_1": -2, "0_2": -2}, "H1": {"0_3": -2, "0_1": 500}, "H2": {"0_2": -2}},
+        previous={"Z": ["0_1", "0_2"], "H1": ["0_1", "0_3"], "H2": ["0_2"]},
+    )
+    code, out, err = _invoke("explain", "--last", after, "--json")
+    assert code == 0, err
+    assert "zombie" not in err
+    moves = [(m["task"], m["from"], m["to"]) for m in json.loads(out)["moves"]]
+    assert moves == [("0_1", "Z", "H1")]
+
+
+def test_no_zombie_is_named_where_two_processes_claim_only_each_others_tasks() -> None:
+    """Two processes claiming the same tasks: either may be the one paused."""
+
+    def ran(*tasks: str) -> ClientView:
+        return ClientView(None, ClientAssignment(frozenset(map(TaskId.parse, tasks))))
+
+    def named(view: Mapping[str, ClientView]) -> frozenset[str]:
+        return likely_zombies(view, FAUST_PROTOCOL_NAME)
+
+    assert named({"a": ran("0_0", "0_1"), "b": ran("0_0", "0_1")}) == frozenset()
+    assert named({"a": ran("0_0"), "b": ran("0_0", "0_1")}) == {"a"}
+    assert named({"a": ran("0_0"), "b": ran("0_1")}) == frozenset()
+
+
+def test_plan_of_a_faust_snapshot_names_processes_short_and_calls_no_changelog_removed(
+    tmp_path: Path,
+) -> None:
+    """A what-if of a Faust drop-in snapshot (its tasks list each table's changelog
+    partition, which the drop-in assigns with the task) warned of a topology change that
+    removed the changelog topic, and its Assignment table cut the ids as ``9986b500-c048…``
+    where the moves named them ``9986b500``."""
+    topology = tmp_path / "fleeta.toml"
+    topology.write_text(
+        'name = "fleeta"\n'
+        '[[subtopology]]\nid = 1\nsource_topics = ["fleeta-__assignor-__leader"]\n'
+        '[[subtopology]]\nid = 8\nsource_topics = ["fleeta-src"]\nstores = ["counts"]\n'
+        '[partitions]\n"fleeta-__assignor-__leader" = 1\nfleeta-src = 8\n'
+    )
+    saved = Path(__file__).parent / "data" / "faust_dropin_crash.json"
+    result = CliRunner().invoke(
+        main, ["plan", str(topology), "--clients", str(saved), "--explain"], env=WIDE
+    )
+    assert result.exit_code == 0, result.output
+    assert "warning" not in result.stderr
+    assignment = result.stdout[result.stdout.index("Assignment") :]
+    rows = [line.split("│")[1].strip() for line in assignment.splitlines() if "│ 1 " in line]
+    assert rows == ["9986b500", "a031c13c"]

@@ -228,6 +228,9 @@ class GroupView:
     #: Subscribed topics (of those looked up) the principal may not DESCRIBE: the lookup
     #: cannot say whether they exist.
     undescribable_topics: frozenset[str] = frozenset()
+    #: ``describe --watch``: why the group could not be described (its state then
+    #: :data:`UNAVAILABLE`); None otherwise.
+    error: str | None = None
 
     @property
     def readable(self) -> bool:
@@ -1916,6 +1919,23 @@ class _Shown:
         return cls(view.state, view.processes(), versions, cluster)
 
 
+#: ``describe --watch``'s state of a group it could not describe (``GroupView.error`` says why).
+UNAVAILABLE = "unavailable"
+
+
+async def _plain_reason(connection: Connection, failed: GroupDescribeError) -> str:
+    """Why a group that was described no longer is, as a one-shot ``describe`` says it: a
+    client started afresh names the failed connection ("connection refused") where the
+    long-lived one's requests fail with aiokafka's ``NodeNotReadyError``. ``failed``'s own
+    text when a fresh client reaches the cluster (the coordinator moving, the group gone)."""
+    try:
+        async with _Admin(connection):
+            pass
+    except GroupDescribeError as exc:
+        return str(exc)
+    return str(failed)
+
+
 async def follow(
     connection: Connection, group: str, interval_s: float = 1.0
 ) -> AsyncIterator[GroupView]:
@@ -1925,8 +1945,9 @@ async def follow(
     created while still unassigned changes only the metadata, and the view said it missing).
     A failed metadata lookup keeps the last one (a transient failure is not a change).
     Members' bytes are only read for a stable group, so a rebalance shows as a state change,
-    then the new assignment. A failure after the first view is a view without members whose
-    state says why."""
+    then the new assignment. A failure after the first view is a view without members in
+    state :data:`UNAVAILABLE` whose ``error`` says why, yielded once until the group answers
+    again."""
     last: _Shown | None = None
     cache: dict[tuple[str, RawMember], MemberView] = {}
     async with _Admin(connection) as admin:
@@ -1937,8 +1958,12 @@ async def follow(
                 if last is None:
                     raise  # a wrong name or an unreachable group: say so at once
                 # The group went away (every member left) or its coordinator was away past
-                # --timeout: a state to show, then keep following.
-                view = GroupView(group, f"unavailable: {exc}", "", "", Family.CONSUMER, (), {})
+                # --timeout: a state to show once (the reason's text changes at each poll, as
+                # it counts the asks), then keep following.
+                why = (
+                    str(exc) if last.state == UNAVAILABLE else await _plain_reason(connection, exc)
+                )
+                view = GroupView(group, UNAVAILABLE, "", "", Family.CONSUMER, (), {}, error=why)
             shown = _Shown.of(view, last)
             if shown != last:
                 last = shown

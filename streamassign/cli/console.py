@@ -7,7 +7,9 @@ import contextlib
 import io
 import os
 import select
+import shutil
 import sys
+import textwrap
 from typing import Any, TextIO
 
 import click
@@ -104,3 +106,15 @@ def _say(line: str | None) -> None:
     """``line`` (a warning or a note) on stderr, when there is one."""
     if line is not None:
         click.echo(line, err=True)
+
+
+def _say_wrapped(line: str | None) -> None:
+    """:func:`_say`, wrapped to the terminal's width (what follows the first line indented):
+    a note naming protocols and counts is a line of 200 characters."""
+    if line is not None:
+        width = shutil.get_terminal_size().columns
+        _say(
+            textwrap.fill(
+                line, width, subsequent_indent="  ", break_long_words=False, break_on_hyphens=False
+            )
+        )

@@ -9,7 +9,8 @@ import contextlib
 import json
 import logging
 import sys
-from collections.abc import Mapping
+import time
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -30,8 +31,8 @@ from ..streams import (
     handed_back,
 )
 from .connection import _check_security, _connection
-from .console import _ReaderGone, _say, _Stdout
-from .describe_tables import _print_group, _state_note, _view_labels
+from .console import _ReaderGone, _say, _say_wrapped, _Stdout
+from .describe_tables import _print_group, _print_rebalancing, _view_labels
 from .extras import _require
 from .group import main
 from .options import _EXISTING_FILE, _acceptable_lag_option, _json_option, _shown
@@ -83,12 +84,21 @@ async def _print_views(
     console = _Stdout()
     last = None  # the last readable view
     last_warning: str | None = None
+    outage = _Outage()
     async for view in follow(connection, group, interval):
+        if not as_json:
+            back = outage.ended(view.error)
+            if back is not None:
+                console.print(f"{_now()} {group}: {back}", markup=False)
         if not view.readable:
             if as_json:
-                click.echo(json.dumps({"group": group, "state": view.state}))
+                error = {} if view.error is None else {"error": view.error}
+                click.echo(json.dumps({"group": group, "state": view.state, **error}))
+            elif view.error is not None:
+                line = f"{_now()} {group}: unavailable: {view.error}; asking again until it answers"
+                console.print(line, markup=False)
             else:
-                console.print(f"{_now()} {group}: {_state_note(view.state)}", markup=False)
+                _print_rebalancing(console, view, last, f"{_now()} ")
             continue
         score = quality(view, standbys)
         warning = _standby_cap_warning(score)
@@ -96,7 +106,8 @@ async def _print_views(
             click.echo(warning, err=True)  # once, not at every change of the group
         last_warning = warning
         matched = match_views(last, view)
-        _say(matched.note)  # each renumbering (views between that renumber nothing have none)
+        # Each renumbering (views between that renumber nothing have none); a switch's, wrapped.
+        (_say_wrapped if matched.switched else _say)(matched.note)
         moves = _moves_since(matched.before, view, acceptable_lag)
         # One naming for both views' processes: a moves row names the ones that left too.
         labels = _view_labels(view, matched.before or ())
@@ -110,6 +121,26 @@ async def _print_views(
         if moves is not None:
             faust = view.protocol == FAUST_PROTOCOL_NAME
             _print_moves(console, moves, labels=labels, uncertain_hand_backs=not faust, names=names)
+
+
+class _Outage:
+    """When ``describe --watch`` last saw its group become unavailable, to say once how long
+    it was away when it answers again."""
+
+    def __init__(self) -> None:
+        self.since: float | None = None
+
+    def ended(self, error: str | None) -> str | None:
+        """The line to print before a view whose poll failed with ``error`` (None: it
+        answered) when it ends an outage; None otherwise."""
+        if error is not None:
+            if self.since is None:
+                self.since = time.monotonic()
+            return None
+        if self.since is None:
+            return None
+        away, self.since = time.monotonic() - self.since, None
+        return f"available again after {away:.0f} s"
 
 
 def _moves_since(
@@ -199,37 +230,48 @@ def describe(
     member by its tail), as git names commits; --json has the full ids, and its "assignment"
     table is a saved assignment for `streamassign explain` / `diff`.
     """
-    import asyncio
+    with _interrupt_ends_with_130():
+        import asyncio
 
-    _require("aiokafka", "streamassign describe", "aiokafka")
-    from ..aiokafka.describe import fetch_group, quality, to_json
-    from ..errors import GroupDescribeError
+        _require("aiokafka", "streamassign describe", "aiokafka")
+        from ..aiokafka.describe import fetch_group, quality, to_json
+        from ..errors import GroupDescribeError
 
-    # aiokafka logs connection failures through logging's last-resort handler; the one-line
-    # error below says it all.
-    aiokafka_log = logging.getLogger("aiokafka")
-    if not aiokafka_log.handlers:
-        aiokafka_log.addHandler(logging.NullHandler())
-    options = {k: v if not isinstance(v, Path) else str(v) for k, v in security.items()}
-    _check_security(options)
-    connection = _connection(bootstrap, timeout, options)
+        # aiokafka logs connection failures through logging's last-resort handler; the one-line
+        # error below says it all.
+        aiokafka_log = logging.getLogger("aiokafka")
+        if not aiokafka_log.handlers:
+            aiokafka_log.addHandler(logging.NullHandler())
+        options = {k: v if not isinstance(v, Path) else str(v) for k, v in security.items()}
+        _check_security(options)
+        connection = _connection(bootstrap, timeout, options)
+        try:
+            if watch:
+                asyncio.run(_watch(connection, group, interval, standbys, as_json, acceptable_lag))
+                return
+            view = asyncio.run(fetch_group(connection, group))
+        except GroupDescribeError as exc:
+            raise click.ClickException(str(exc)) from exc
+        score = quality(view, standbys)
+        warning = _standby_cap_warning(score)
+        if warning is not None:
+            click.echo(warning, err=True)
+        if as_json:
+            click.echo(json.dumps(to_json(view, score), indent=2))
+        else:
+            _print_group(_Stdout(), view, score)
+
+
+@contextlib.contextmanager
+def _interrupt_ends_with_130() -> Iterator[None]:
+    """Ctrl-C is how a watch ends: quietly, but with the shell's status for it (130), so a
+    script can tell an interrupt from an end of its own (a reader gone: 0). Around every step
+    of ``describe`` (aiokafka's import, connecting, printing): click turns an interrupt it
+    sees into "Aborted!" with status 1."""
     try:
-        if watch:
-            asyncio.run(_watch(connection, group, interval, standbys, as_json, acceptable_lag))
-            return
-        view = asyncio.run(fetch_group(connection, group))
-    except GroupDescribeError as exc:
-        raise click.ClickException(str(exc)) from exc
+        yield
     except KeyboardInterrupt:
-        return
-    score = quality(view, standbys)
-    warning = _standby_cap_warning(score)
-    if warning is not None:
-        click.echo(warning, err=True)
-    if as_json:
-        click.echo(json.dumps(to_json(view, score), indent=2))
-    else:
-        _print_group(_Stdout(), view, score)
+        raise SystemExit(130) from None
 
 
 def _standby_cap_warning(score: Any) -> str | None:

@@ -54,9 +54,7 @@ def _print_group(
     processes = view.processes()
     member_labels = _member_labels(m.member_id for m in view.members)
     if not view.readable:
-        console.print(f"{view.group}: {_state_note(view.state)}, {members} member(s)", markup=False)
-        for m in sorted(view.members, key=lambda m: m.member_id):
-            console.print(f"  {member_labels[m.member_id]}  {_client_at_host(m)}", markup=False)
+        _print_rebalancing(console, view, None)
         return
     # The group and protocol names are the members' choice: styled parts, never markup
     # (``escape`` gets a trailing backslash wrong).
@@ -68,13 +66,64 @@ def _print_group(
     if leader_version is not None:  # protocol 3: members announce theirs, named in the table
         heading += f", leader's topology version {leader_version}"
     console.print(Text.assemble((view.group, "bold"), heading))
+    console.print(_stable_caveat(str(view.family)), style="dim", markup=False)
     labels = dict(labels or _view_labels(view))
     _print_processes(console, processes, view.endpoints(), labels)
     _print_members(console, view.members, labels | member_labels)
     _print_tasks(console, view.tasks, processes, labels)
     _print_offset_sums(console, view.members_by_process(), labels)
-    # Consumer groups have no standbys: their standby row would only say 0 / 0.
-    _print_quality(console, score, has_standbys=str(view.family) != "consumer")
+    # Consumer groups have no standbys: their standby row would only say 0 / 0; their "task"
+    # t_p is partition p of topic t, named so.
+    consumer = str(view.family) == "consumer"
+    topics = {t.subtopology: tp.topic for t, ps in view.tasks.items() for tp in ps}
+    _print_quality(console, score, has_standbys=not consumer, topics=topics if consumer else None)
+
+
+#: What a group in PreparingRebalance waits for, said under its member list. A member killed
+#: without leaving is dropped when its session expires: with aiokafka's and Faust's defaults
+#: the rebalance timeout is as long, not with a Java member's (its max.poll.interval.ms).
+_WAITS = (
+    "the group waits until each member rejoins or is dropped, when its session expires or at "
+    "the latest at the rebalance timeout"
+)
+
+
+def _print_rebalancing(console: Console, view: Any, last: Any, prefix: str = "") -> None:
+    """A group between assignments (``view``, not readable): its state, then each member,
+    with the process and actives it had in ``last`` (the last Stable view ``--watch`` saw;
+    None: not known, as in one ``describe``), a member that view lacks marked as joining; in
+    PreparingRebalance, what the group waits for. ``prefix`` starts the first line (the
+    watch's time)."""
+    members = sorted(view.members, key=lambda m: m.member_id)
+    console.print(
+        f"{prefix}{view.group}: {_state_note(view.state)}, {len(members)} member(s)", markup=False
+    )
+    known = {} if last is None else {m.member_id: m for m in last.members}
+    processes = {} if last is None else _view_labels(last)
+    labels = _member_labels(m.member_id for m in members)
+    for m in members:
+        line = f"  {labels[m.member_id]}  {_client_at_host(m)}"
+        was = known.get(m.member_id)
+        if was is not None:
+            active = ", ".join(map(str, sorted(was.active))) or "none"
+            line += f"  process {processes[was.process]}, ran {active}"
+        elif last is not None:
+            line += "  joining (not in the last Stable view)"
+        console.print(line, markup=False)
+    if view.state == "PreparingRebalance":
+        gone = len(known.keys() - {m.member_id for m in members})
+        left = f" ({counted(gone, 'member')} of the last Stable view gone)" if gone else ""
+        console.print(f"  {_WAITS}{left}", markup=False)
+
+
+def _stable_caveat(family: str) -> str:
+    """What a Stable group's tables cannot tell, said under their heading: DescribeGroups
+    returns the members of the last rebalance, not liveness, and nothing of restores."""
+    restores = "" if family == "consumer" else "; a restoring task reads as active"
+    return (
+        "as of the last rebalance: a dead member shows until its session expires"
+        f"{restores} (docs/operations.md, What it shows)"
+    )
 
 
 def _print_processes(
@@ -152,10 +201,17 @@ def _members_table(ordered: Sequence[Any], labels: Mapping[str, str], layout: st
     table, each with its client id whole)."""
     longest = max((max(len(_host(m)) + 1, len(m.client_id)) for m in ordered), default=0)
     table = Table(title="Members")
-    for col in ("member", "client@host", "process", "a+s+w", "versions", "gen"):
+    # The generation only consumer assignors' user data carries: a column of "-" otherwise,
+    # which a narrow terminal cropped along with the table's right border.
+    generations = any(m.generation is not None for m in ordered)
+    columns = ("member", "client@host", "process", "a+s+w", "versions", "gen")
+    for col in columns if generations else columns[:-1]:
         # The process folds too: a URL no shorter label names (a scheme apart) is long.
         wraps = col in ("client@host", "process", "versions")
-        least = 12 if col in ("client@host", "versions") else None
+        # Versions wrap between their halves ("sub v3/3" / "asg v3/3").
+        least = {"client@host": 12, "versions": 8}.get(col)
+        if col == "client@host" and layout == "hosts after":
+            least = None  # the client id alone: each is printed whole below the table
         if col == "client@host" and layout == "host below":
             least = max(12, longest)
         table.add_column(col, overflow="fold", no_wrap=not wraps, min_width=least)
@@ -172,7 +228,7 @@ def _members_table(ordered: Sequence[Any], labels: Mapping[str, str], layout: st
             f"{len(m.active)}+{len(m.standby)}+{len(m.warmup)}" if m.assigned else "undecodable",
             (m.versions or "-")
             + (f"\ntopology {m.topology_version}" if m.topology_version else ""),
-            "-" if m.generation is None else str(m.generation),
+            *(["-" if m.generation is None else str(m.generation)] if generations else []),
         )
     return table
 
@@ -225,19 +281,39 @@ def _print_offset_sums(
         console.print(table)
 
 
-def _print_quality(console: Console, score: Any, has_standbys: bool = True) -> None:
+def _balance_rows(score: Any, topics: Mapping[int, str] | None) -> list[tuple[str, str]]:
+    """The quality table's row per subtopology (per topic of a consumer group: ``topics``)."""
+    rows = []
+    for b in score.per_subtopology:
+        # Withheld processes (another topology version) are left out: no task of it is theirs.
+        withheld = f"; {counted(b.withheld, 'process', 'processes')} withheld" if b.withheld else ""
+        named = f"subtopology {b.subtopology}"
+        if topics is not None and b.subtopology in topics:
+            named = f"topic {topics[b.subtopology]}"
+        rows.append(
+            (
+                f"{named}: actives per process (of {b.tasks}{withheld})",
+                f"{b.fewest}-{b.most} {'balanced' if b.balanced else 'UNBALANCED'}",
+            )
+        )
+    return rows
+
+
+def _print_quality(
+    console: Console,
+    score: Any,
+    has_standbys: bool = True,
+    topics: Mapping[int, str] | None = None,
+) -> None:
+    """The quality table of a described group; ``topics``: a consumer group's topic per
+    number, which its rows name instead of subtopologies (None: a streams group's)."""
     m = score.metrics
     table = Table(title="Quality of the current assignment")
     table.add_column("metric")
     table.add_column("value", justify="right")
     table.add_row("tasks / processes", f"{m.tasks} / {m.clients}")
-    for b in score.per_subtopology:
-        # Withheld processes (another topology version) are left out: no task of it is theirs.
-        withheld = f"; {counted(b.withheld, 'process', 'processes')} withheld" if b.withheld else ""
-        table.add_row(
-            f"subtopology {b.subtopology}: actives per process (of {b.tasks}{withheld})",
-            f"{b.fewest}-{b.most} {'balanced' if b.balanced else 'UNBALANCED'}",
-        )
+    for row in _balance_rows(score, topics):
+        table.add_row(*row)
     table.add_row("actives balanced in total", "yes" if m.active_balanced else "NO")
     table.add_row("load imbalance (per thread, max - min)", f"{m.load_imbalance:.2f}")
     inferred = ", inferred" if score.standbys_inferred else ""

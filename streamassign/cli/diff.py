@@ -13,7 +13,7 @@ from .console import _Stdout
 from .group import main
 from .labels import _process_labels
 from .options import _EXISTING_FILE, _json_option
-from .snapshots import _compared_with, _read_saved
+from .snapshots import _compared_with, _members_read_if_switched, _read_saved
 from .views import _ids
 
 
@@ -23,8 +23,10 @@ from .views import _ids
 @_json_option("a table")
 def diff(before: Path, after: Path, as_json: bool) -> None:
     """Per client: tasks gained (+) and lost (-) from BEFORE to AFTER (saved assignments)."""
-    new_file = _read_saved(after, members=False)
-    old_file = _compared_with(_read_saved(before, members=False), new_file, before, after).before
+    old_file, new_file = _members_read_if_switched(
+        _read_saved(before, members=False), _read_saved(after, members=False), before, after
+    )
+    old_file = _compared_with(old_file, new_file, before, after).before
     old, new = old_file.views, new_file.views
     rows = {}
     for pid in sorted(old.keys() | new.keys()):

@@ -10,9 +10,11 @@ import click
 
 from ..compare import landing_state
 from ..explain import (
+    Explanation,
     Snapshot,
     claim_conflicts,
     explain,
+    likely_zombies,
     named_as_after,
 )
 from ..streams import (
@@ -54,17 +56,7 @@ def explain_command(
         )
     if last:
         now = _read_last(files[0])
-        before = now.before_last_join()
-        # Two processes reporting one task running: a zombie beside its task's new owner.
-        _warn_conflicts(claim_conflicts(before), f"{files[0]} (before its last rebalance)")
-        moves = explain(
-            before,
-            now.views,
-            now.local_state(),
-            from_last_join=True,
-            returned=now.handed_back(acceptable_lag),
-        )
-        processes = [*before, *now.views]
+        moves, processes = _last_moves(now, files[0], acceptable_lag)
         names = None  # --last refuses consumer groups: no reports
     else:
         new = _read_saved(files[1])
@@ -95,6 +87,29 @@ def explain_command(
             uncertain_hand_backs=(now if last else new).protocol != FAUST_PROTOCOL_NAME,
             names=names,
         )
+
+
+def _last_moves(now: Snapshot, path: Path, acceptable_lag: int) -> tuple[Explanation, list[str]]:
+    """``explain --last``'s moves of ``now`` (read from ``path``), and every process they
+    name; its warnings of claims no assignment can hold said on stderr."""
+    before = now.before_last_join()
+    # Two processes reporting one task running: a zombie beside its task's new owner.
+    zombies = likely_zombies(before, now.protocol)
+    processes = [*before, *now.views]
+    _warn_conflicts(
+        claim_conflicts(before, zombies=zombies),
+        f"{path} (before its last rebalance)",
+        _process_labels(processes),
+    )
+    moves = explain(
+        before,
+        now.views,
+        now.local_state(),
+        from_last_join=True,
+        returned=now.handed_back(acceptable_lag),
+        zombies=zombies,
+    )
+    return moves, processes
 
 
 def _read_last(path: Path) -> Snapshot:

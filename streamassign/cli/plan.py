@@ -16,6 +16,7 @@ from .. import TaskId, TopicPartition
 from ..assignment import ClientAssignment, ClientState
 from ..compare import (
     TaskSource,
+    TaskTable,
     other_partitions_warning,
     standby_doubt,
 )
@@ -34,11 +35,11 @@ from ..metrics import AssignmentMetrics, evaluate
 from ..sticky import StickyTaskAssignor
 from ..text import counted, listed, partitions_by_topic
 from ..threads import distribute_to_threads
-from ..topology import load_topology_file
+from ..topology import Topology, load_topology_file
 from .console import _say, _Stdout
 from .group import main
 from .inputs import _check_partition_topics, _check_task_count, load_clients, parse_partitions
-from .labels import _process_labels
+from .labels import _is_uuid, _process_labels
 from .options import (
     _EXISTING_FILE,
     _given,
@@ -163,16 +164,33 @@ def plan(
     except (StreamAssignError, ValueError) as exc:
         raise click.ClickException(str(exc)) from exc
     if saved is not None:
-        _say(
-            other_partitions_warning(
-                TaskSource(str(clients_file), saved.tasks, saved.group),
-                TaskSource("the topology", tasks, loaded.topology.name or None),
-            )
-        )
+        _say(_other_partitions_than_saved(saved, str(clients_file), loaded.topology, tasks))
     _warn_ignored_input(tasks, clients, planned.count, len(stateful))
     departed = saved.departed if saved is not None else {}
     outcome = _PlanResult(tasks, clients, result, planned, stateful, departed)
     _show_plan(loaded.topology.name, outcome, show_moves=show_moves, as_json=as_json)
+
+
+def _other_partitions_than_saved(
+    saved: Snapshot, where: str, topology: Topology, tasks: TaskTable
+) -> str | None:
+    """The warning line when the topology's ``tasks`` read other partitions than the saved
+    assignment (``where``) says its tasks read (``compare.other_partitions_warning``)."""
+    return other_partitions_warning(
+        TaskSource(where, _sources_only(saved.tasks, topology), saved.group),
+        TaskSource("the topology", tasks, topology.name or None),
+    )
+
+
+def _sources_only(tasks: TaskTable, topology: Topology) -> TaskTable:
+    """A saved assignment's task table without the partitions of ``topology``'s store
+    changelogs: the Faust drop-in assigns a table's changelog partition with its task (a
+    snapshot of it lists them), while a topology lists source topics only, and compared as
+    they are every stateful task read as a topology change that removed the changelog."""
+    if not topology.name:
+        return tasks
+    changelogs = {topology.changelog_topic(store) for store in topology.stores}
+    return {t: frozenset(tp for tp in ps if tp.topic not in changelogs) for t, ps in tasks.items()}
 
 
 @attrs.frozen
@@ -325,10 +343,13 @@ def _show_plan(name: str, outcome: _PlanResult, *, show_moves: bool, as_json: bo
         data["metrics"]["num_standby_replicas_processes"] = outcome.standbys.inferred_from
         click.echo(json.dumps(data, indent=2))
     else:
-        _print_tables(name, outcome.tasks, clients, result, per_thread, metrics)
+        # Labelled as describe labels them: rich cut full UUIDs at 80 columns (…), and the
+        # moves named them otherwise than the Assignment table, which keeps the names a
+        # clients file gives whole.
+        labels = _process_labels([*(c.process_id for c in clients), *outcome.departed])
+        named = {pid: label if _is_uuid(pid) else pid for pid, label in labels.items()}
+        _print_tables(name, outcome.tasks, clients, result, per_thread, metrics, named)
         if show_moves:
-            # Labelled as describe labels them: rich cut full UUIDs at 80 columns (…).
-            labels = _process_labels([*(c.process_id for c in clients), *outcome.departed])
             _print_moves(_Stdout(), moves, labels=labels)
 
 
@@ -410,6 +431,7 @@ def _print_tables(
     result: Mapping[str, ClientAssignment],
     per_thread: Mapping[str, Mapping[str, ClientAssignment]],
     metrics: AssignmentMetrics,
+    labels: Mapping[str, str],
 ) -> None:
     console = _Stdout()
     table = Table(title=f"Tasks of {name or 'the topology'} ({len(tasks)})")
@@ -426,7 +448,7 @@ def _print_tables(
         a = result[c.process_id]
         split = "/".join(str(x.load) for x in per_thread[c.process_id].values())
         table.add_row(
-            c.process_id,
+            labels[c.process_id],
             str(c.capacity),
             _tasks_cell(a.active),
             _tasks_cell(a.standby),

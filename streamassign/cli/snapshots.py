@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import attrs
 import click
 
 from ..compare import SnapshotsCompared, compare_snapshots
@@ -14,6 +15,7 @@ from ..explain import (
     claim_conflicts,
     load_snapshot,
 )
+from .console import _say_wrapped
 from .views import _warn_conflicts
 
 #: A saved assignment larger than this is refused before parsing: 100k tasks over 1,000 clients
@@ -48,6 +50,26 @@ def _compared_with(old: Snapshot, new: Snapshot, before: Path, after: Path) -> S
     (``compare.compare_snapshots``: a consumer group's tasks matched by partition), its note
     of a renumbering and its warnings that the files may not be one group's said on stderr."""
     compared = compare_snapshots(old, new, str(before), str(after))
+    _say_wrapped(compared.switch_note)
     for line in compared.lines:
         click.echo(line, err=True)
     return compared
+
+
+def _members_read_if_switched(
+    old: Snapshot, new: Snapshot, before: Path, after: Path
+) -> tuple[Snapshot, Snapshot]:
+    """Two files read without their member rows (``diff``), given their processes' members
+    when the two say other assignor protocols: only a member id or endpoint tells which
+    process of one is which of the other then (``compare.compare_snapshots``). Rows that do
+    not read leave a file as it was: its processes are then matched by key."""
+    if old.protocol is None or new.protocol is None or old.protocol == new.protocol:
+        return old, new
+    read = []
+    for snapshot, path in ((old, before), (new, after)):
+        try:
+            members = _read_snapshot(path).process_members
+        except click.ClickException:
+            members = snapshot.process_members
+        read.append(attrs.evolve(snapshot, process_members=members))
+    return read[0], read[1]

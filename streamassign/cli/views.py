@@ -6,7 +6,6 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-import click
 from rich.console import Console
 from rich.table import Table
 
@@ -21,6 +20,7 @@ from ..explain import (
     StandbyMove,
 )
 from ..text import counted, listed
+from .console import _say, _say_wrapped
 
 
 def _tasks_cell(tasks: frozenset[TaskId]) -> str:
@@ -42,29 +42,51 @@ def _too_few_for_standbys(
     )
 
 
-def _warn_conflicts(conflicts: ClaimConflicts, where: str) -> None:
+def _warn_conflicts(
+    conflicts: ClaimConflicts, where: str, labels: Mapping[str, str] | None = None
+) -> None:
     """One warning line (on stderr) per kind of claim no assignment can hold, naming the tasks
-    and clients and saying how they are read; ``where`` (a file) starts each line."""
+    and clients and saying how they are read; ``where`` (a file) starts each line. With
+    ``labels`` (how the tables name processes) the lines name them so, wrapped to the
+    terminal's width: full ids made one line of hundreds of characters."""
     prefix = f"warning: {where}: " if where else "warning: "
+
+    def name(pid: str) -> str:
+        return pid if labels is None else labels.get(pid, pid)
+
+    def say(line: str) -> None:
+        (_say if labels is None else _say_wrapped)(line)
+
     duplicates = conflicts.duplicate_actives
+    if conflicts.zombies:
+        zombies = listed([name(pid) for pid in conflicts.zombies])
+        noun = "likely a zombie" if len(conflicts.zombies) == 1 else "likely zombies"
+        say(
+            f"{prefix}{zombies}: {noun}, a guess: every task it reported running another "
+            "process reports too, as when a worker paused past its session comes back; its "
+            "claims are read as state it holds, the other claimants' as the tasks' owners"
+        )
     if duplicates:
+        among = " among those not likely zombies" if conflicts.zombies else ""
+        kept_by = f"the sticky assignor keeps{among} (smallest lag, then process id)"
         claims = listed(
-            [f"{task} on {', '.join(pids)} ({kept} kept)" for task, pids, kept in duplicates],
+            [
+                f"{task} on {', '.join(map(name, pids))} ({name(kept)} kept)"
+                for task, pids, kept in duplicates
+            ],
             separator="; ",
         )
-        click.echo(
+        say(
             f"{prefix}{counted(len(duplicates), 'task')} active on several clients: "
-            f"{claims}; each is taken as run by the claimant the sticky assignor keeps "
-            "(smallest lag, then process id), the others as holding its state",
-            err=True,
+            f"{claims}; each is taken as run by the claimant {kept_by}, the others as "
+            "holding its state"
         )
     both = conflicts.active_and_standby
     if both:
-        claims = listed([f"{task} on {pid}" for task, pid in both])
-        click.echo(
+        claims = listed([f"{task} on {name(pid)}" for task, pid in both])
+        say(
             f"{prefix}{counted(len(both), 'task')} both active and standby on one client: "
-            f"{claims}; counted as active there",
-            err=True,
+            f"{claims}; counted as active there"
         )
 
 
