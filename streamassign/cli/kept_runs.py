@@ -17,9 +17,11 @@ from .jobs import _preflight, _session
 from .report import (
     _NO_REPORT,
     _changed_rows_refusal,
+    _deleting,
     _render,
     _replaceable_report,
     _report_command,
+    _users_files,
 )
 from .run_folders import _is_remote
 
@@ -35,9 +37,11 @@ def _refuse_existing(
     from ..pipeline.runs import (
         MANIFEST,
         MANIFEST_FILE,
+        added_text,
         describe_existing,
         read_manifest,
         replaceable,
+        rows_added,
         run_damage,
     )
 
@@ -54,16 +58,19 @@ def _refuse_existing(
     # A damaged run (``what`` says so) is never kept, nor is its report (of the run before the
     # damage) a reason to keep it.
     why, note = "", ""
+    manifest = read_manifest(files, run_dir) or {}
     if run_damage(files, run_dir) is None:
-        manifest = read_manifest(files, run_dir) or {}
         differs = _why_not_kept(manifest, identity)
         if differs is None and not _is_remote(run_dir):
             _refuse_damaged(run_dir, manifest)
             return manifest
         why, note = f" {differs}" if differs else "", _report_note(run_dir)
+    added = [] if _is_remote(run_dir) else rows_added(run_dir, manifest)
+    deleting = _deleting(added, _users_files(run_dir))
     raise click.ClickException(
-        f"{what}{why}{note}; pass --overwrite to replace it once the new run is "
-        "complete, or --out for another folder"
+        f"{what}{why}{note}{f', and {added_text(added)}' if added else ''}; pass --overwrite "
+        f"to replace it once the new run is complete{f' ({deleting})' if deleting else ''}, "
+        "or --out for another folder"
     )
 
 
@@ -71,21 +78,24 @@ def _refuse_damaged(run_dir: str, manifest: Mapping[str, Any]) -> None:
     """Refuse to keep the local run in ``run_dir`` (``manifest``: its manifest) if its Parquet
     files are not those it wrote (a file deleted or added, its size or bytes changed): its
     report, if any, shows rows it no longer holds, and a rerun without ``--overwrite`` would
-    keep it again. Likewise if nothing can check them, said as such (not as damage). A file
-    added among them is named either way: Spark would read it with the run's rows, moving it
-    away keeps the run if nothing else is wrong, and ``--overwrite`` would delete it."""
-    from ..pipeline.runs import rows_added, rows_damage, rows_unchecked
+    keep it again. Likewise if nothing can check them, or one cannot be read, said as such
+    (not as damage: making it readable may keep the run). A file added among them is named
+    either way: Spark would read it with the run's rows, moving it away keeps the run if
+    nothing else is wrong, and ``--overwrite`` would delete it."""
+    from ..pipeline.runs import Unreadable, rows_added, rows_damage, rows_unchecked
 
     added = rows_added(run_dir, manifest)
     damage = rows_damage(run_dir, manifest)
-    if damage is not None:
-        why: str | None = f"damaged run: {damage}"
+    remedy, refused = "pass --overwrite to simulate it again", "it cannot be kept: "
+    if isinstance(damage, Unreadable):
+        why: str | None = f"its rows cannot be checked: {damage}"
+        remedy, refused = f"make it readable (chmod) to keep the run, or {remedy}", ""
+    elif damage is not None:
+        why = f"damaged run: {damage}"
     else:
         unchecked = rows_unchecked(run_dir, manifest)
         why = None if unchecked is None else f"its rows cannot be checked: {unchecked}"
-    refusal = _changed_rows_refusal(
-        run_dir, why, added, "pass --overwrite to simulate it again", "it cannot be kept: "
-    )
+    refusal = _changed_rows_refusal(run_dir, why, added, remedy, refused)
     if refusal is not None:
         raise click.ClickException(refusal)
 

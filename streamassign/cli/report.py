@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import stat
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final
 
@@ -13,6 +13,7 @@ import click
 
 from ..errors import StreamAssignError
 from ..files import write_atomically
+from ..text import listed
 from .extras import _require
 from .failures import _one_line_failures
 from .group import main
@@ -58,7 +59,7 @@ def _render(session: Any, run_dir: str, out: Path | None, spark_tasks: int | Non
     from ..pipeline import spark as sp
     from ..pipeline.progress import plain_step, run_tracked, stderr_console
     from ..pipeline.report import render_report
-    from ..pipeline.runs import LocalFiles, new_run_id, staging_path
+    from ..pipeline.runs import LocalFiles, files_for, new_run_id, read_manifest, staging_path
 
     if out is None:
         if _is_remote(run_dir):
@@ -74,7 +75,8 @@ def _render(session: Any, run_dir: str, out: Path | None, spark_tasks: int | Non
     try:
         data = run_tracked(session, "aggregating", console, lambda: sp.aggregate(session, run_dir))
     except StreamAssignError as exc:  # a damaged run: one line, the earlier report kept
-        raise click.ClickException(str(exc)) from exc
+        manifest = read_manifest(files_for(run_dir, session), run_dir)
+        raise click.ClickException(_with_rerun_remedy(str(exc), manifest)) from exc
     files, report_id = LocalFiles(), new_run_id()
     staging = staging_path(str(out), report_id)
     try:
@@ -123,42 +125,128 @@ def _changed_rows_refusal(
     among them (``rows_added``), each named, with ``remedy`` (``--overwrite``, after
     ``refused`` when the run is damaged). An added file is the user's and Spark would read it
     as rows: moving it out keeps the run (alone) or the file (beside damage), and the remedy
-    says that ``--overwrite`` deletes it."""
+    says that ``--overwrite`` deletes it, with the user's other files in the run's folder
+    (``_users_files``)."""
     from ..pipeline.runs import added_text
 
     if why is None and not added:
         return None
-    if not added:
-        return f"{run_dir}: {why}; {refused}{remedy}"
-    it = "it" if len(added) == 1 else "them"
+    deleting = _deleting(added, _users_files(run_dir))
     if why is None:
+        it = "it" if len(added) == 1 else "them"
         return (
             f"{run_dir}: {added_text(added)}: Spark reads every file in rebalances/assignor=... "
             f"as the run's rows; move {it} out of the run's folder to keep the run, or {remedy} "
-            f"(deleting {it} with the run)"
+            f"({_deleting(added, _users_files(run_dir), keep=False)})"
         )
+    if not added:
+        return f"{run_dir}: {why}; {refused}{remedy}" + (f" ({deleting})" if deleting else "")
+    return f"{run_dir}: {why}, and {added_text(added)}; {refused}{remedy} ({deleting})"
+
+
+def _users_files(run_dir: str) -> list[str]:
+    """What the local run folder ``run_dir`` holds that neither ``simulate`` nor ``report``
+    wrote there and Spark does not read as rows (notes beside the run's folders, in
+    ``rebalances/`` beside the partition folders, in ``report/``), by its path under the run;
+    an entry of the run's folder itself by its name (a folder's with a ``/``). ``--overwrite``
+    deletes them with the run. Files added among the rows are ``rows_added``'s."""
+    from ..pipeline.runs import MANIFEST, REBALANCES, LocalFiles, row_files
+
+    if _is_remote(run_dir) or not os.path.isdir(run_dir):
+        return []
+    found: list[str] = []
+    for name in sorted(os.listdir(run_dir)):
+        if name in (MANIFEST, REBALANCES, "report") and os.path.isdir(f"{run_dir}/{name}"):
+            continue
+        if not name.startswith(".report."):  # an interrupted render's staging or replaced copy
+            found.append(f"{name}/" if os.path.isdir(f"{run_dir}/{name}") else name)
+    rows = {f"{REBALANCES}/{shown}" for shown in row_files(LocalFiles(), run_dir)}
+    for top in (MANIFEST, REBALANCES, "report"):
+        for folder, _, names in os.walk(f"{run_dir}/{top}"):
+            shown = [os.path.relpath(f"{folder}/{n}", run_dir).replace(os.sep, "/") for n in names]
+            found += [s for s in sorted(shown) if s not in rows and not _written_by_a_run(s)]
+    return found
+
+
+def _written_by_a_run(shown: str) -> bool:
+    """Whether the file ``shown`` (its path under a run's folder, not among its rows) is one
+    ``simulate`` or ``report`` writes: the manifest, Spark's markers and checksum files, the
+    report's page, CSV files and id."""
+    from ..pipeline.report import CSV_FILES
+    from ..pipeline.runs import MANIFEST, MANIFEST_FILE, MANIFEST_PATH, REBALANCES
+
+    name = shown.rpartition("/")[2]
+    if shown.startswith(f"{REBALANCES}/"):
+        return name in ("_SUCCESS", "._SUCCESS.crc") or (
+            name.startswith(".") and name.endswith(".crc") and shown.count("/") == 2
+        )
+    return shown in (MANIFEST_PATH, f"{MANIFEST}/.{MANIFEST_FILE}.crc") or shown in {
+        f"report/{name}" for name in ("report.html", REPORT_ID, *CSV_FILES)
+    }
+
+
+def _deleting(added: Sequence[str], others: Sequence[str], keep: bool = True) -> str:
+    """What ``--overwrite`` deletes beside the run, said in a remedy's brackets: the files
+    ``added`` among its rows (named before: "it", "them") and the user's ``others``
+    (``_users_files``, named here); with ``keep``, how to keep them. "" if none."""
+    if not added and not others:
+        return ""
+    named = ("it" if len(added) == 1 else "them") if added else ""
+    if others:
+        named = f"{named} and {listed(others)}" if named else listed(others)
+    moved = "it" if len(added) + len(others) == 1 else "them"
+    deleting = f"deleting {named} with the run"
+    if not keep:
+        return deleting
+    return f"{deleting}: move {moved} out of the run's folder first to keep {moved}"
+
+
+def _rerun_remedy(manifest: Mapping[str, Any] | None) -> str:
+    """The remedy for a damaged run of ``manifest``: this code's own run is simulated again
+    with ``--overwrite``; other code's is not (this code cannot write its run or report
+    again, which ``--overwrite`` would delete for good)."""
+    from ..pipeline.runs import SIMULATE_AGAIN
+    from .kept_runs import _other_code
+
+    if manifest is None or _other_code(manifest) is None:
+        return SIMULATE_AGAIN
     return (
-        f"{run_dir}: {why}, and {added_text(added)}; {refused}{remedy} (deleting {it} with the "
-        f"run: move {it} out of the run's folder first to keep {it})"
+        "simulate it again with the code that wrote it (other code), or with this code and "
+        "another --out (this code's --overwrite would delete that code's run and report)"
     )
+
+
+def _with_rerun_remedy(refusal: str, manifest: Mapping[str, Any] | None) -> str:
+    """``refusal`` (a damaged run's, from ``runs``), its remedy ``_rerun_remedy``'s."""
+    from ..pipeline.runs import SIMULATE_AGAIN
+
+    if not refusal.endswith(SIMULATE_AGAIN):
+        return refusal
+    return refusal.removesuffix(SIMULATE_AGAIN) + _rerun_remedy(manifest)
 
 
 def _refuse_changed_rows(run_dir: str, manifest: dict[str, Any]) -> None:
     """Before Spark starts: refuse a local run whose files are not those its manifest lists
     with their digests (a byte changed, a file added: Spark would read them without a word
     where no checksum file is beside them). A manifest without digests (older code) leaves it
-    to Spark's checksums and the rows' count."""
-    from ..pipeline.runs import ROW_SHA256, rows_added, rows_damage
+    to Spark's checksums and the rows' count. A file that cannot be read is said as such, not
+    as damage."""
+    from ..pipeline.runs import ROW_SHA256, Unreadable, rows_added, rows_damage
 
     if not isinstance(manifest.get(ROW_SHA256), dict):
         return
     added = rows_added(run_dir, manifest)
     damage = rows_damage(run_dir, manifest)
+    if isinstance(damage, Unreadable):
+        raise click.ClickException(
+            f"{run_dir}: its rows cannot be checked: {damage}; make it readable (chmod) and "
+            "run streamassign report again"
+        )
     refusal = _changed_rows_refusal(
         run_dir,
         None if damage is None else f"damaged run: {damage}",
         added,
-        "run streamassign simulate again with --overwrite",
+        _rerun_remedy(manifest),
     )
     if refusal is not None:
         raise click.ClickException(refusal)
@@ -171,7 +259,7 @@ def _refuse_changed_rows(run_dir: str, manifest: dict[str, Any]) -> None:
 @_spark_tasks_option(_REPORT_SPARK_TASKS)
 def report(run_dir: str, out: Path | None, master: str | None, spark_tasks: int | None) -> None:
     """Aggregate a simulation run in DIR with Spark; write an HTML report and CSV summaries."""
-    from ..pipeline.runs import LocalFiles, check_run, files_for
+    from ..pipeline.runs import LocalFiles, check_run, files_for, read_manifest
 
     _require("pyspark", "streamassign report")
     _require("plotly", "streamassign report")
@@ -183,7 +271,8 @@ def report(run_dir: str, out: Path | None, master: str | None, spark_tasks: int 
         try:
             _refuse_changed_rows(run_dir, check_run(LocalFiles(), run_dir))
         except StreamAssignError as exc:
-            raise click.ClickException(str(exc)) from exc
+            manifest = read_manifest(LocalFiles(), run_dir)
+            raise click.ClickException(_with_rerun_remedy(str(exc), manifest)) from exc
     _check_report_out(out or Path(run_dir) / "report")
     _preflight(master)
 
@@ -192,7 +281,8 @@ def report(run_dir: str, out: Path | None, master: str | None, spark_tasks: int 
             try:
                 check_run(files_for(run_dir, session), run_dir)
             except StreamAssignError as exc:
-                raise click.ClickException(str(exc)) from exc
+                manifest = read_manifest(files_for(run_dir, session), run_dir)
+                raise click.ClickException(_with_rerun_remedy(str(exc), manifest)) from exc
         page = _render(session, run_dir, out, spark_tasks)
     click.echo(f"report: {page}")
     click.echo(f"next: open {page.as_uri()} in a browser")

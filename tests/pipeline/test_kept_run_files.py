@@ -1,0 +1,153 @@
+"""A kept run's refusals say what ``--overwrite`` would delete beside the run (files added among
+its rows, the user's notes in its folders), never call an unreadable file damage, and never
+advise deleting a run of other code that this code cannot write again."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from .conftest import deny_reading
+from .test_cli import _a_kept_run, _a_run_of, _damage, _list_rows, _printed_next, invoke
+
+OTHER_CODE = {"code_sha256": "abc123" * 10 + "abcd"}
+
+
+def _plan_passes_by(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, spoil: Any) -> None:
+    """plan-standbys' next command, over a run of its very simulation in its folder that
+    ``spoil`` (given the folder) then changes, writes to the next folder, ``-2``, without
+    ``--overwrite``."""
+    monkeypatch.chdir(tmp_path)
+    given = ["--scenarios", "3", "--steps", "5"]
+    words, _ = _printed_next(monkeypatch, given)
+    out = words[words.index("--out") + 1]
+    _a_run_of(words, tmp_path / out)
+    spoil(tmp_path / out)
+    printed, _ = _printed_next(monkeypatch, given)
+    assert "--overwrite" not in printed
+    assert printed[printed.index("--out") + 1] == f"{out}-2"
+
+
+def test_a_row_file_that_cannot_be_read_is_not_called_damage(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A row file without read permission was "damaged run: ... cannot be read", and
+    plan-standbys printed --overwrite over the run: its bytes are not known to be changed, and
+    a chmod keeps it. simulate and report say it cannot be read and how to keep the run;
+    plan-standbys passes the run by."""
+    run = tmp_path / "run"
+    command = _a_kept_run(monkeypatch, run)
+    _list_rows(run)
+    locked = next((run / "rebalances").glob("*/part-00000.parquet"))
+    shown = f"rebalances/{locked.parent.name}/part-00000.parquet"
+    deny_reading(monkeypatch, locked)
+    assert invoke(*command) == (
+        1,
+        f"Error: {run}: its rows cannot be checked: {shown} cannot be read (Permission denied); "
+        "make it readable (chmod) to keep the run, or pass --overwrite to simulate it again\n",
+    )
+    assert invoke("report", str(run)) == (
+        1,
+        f"Error: {run}: its rows cannot be checked: {shown} cannot be read (Permission denied); "
+        "make it readable (chmod) and run streamassign report again\n",
+    )
+    _plan_passes_by(
+        monkeypatch,
+        tmp_path,
+        lambda run: deny_reading(monkeypatch, next(run.glob("rebalances/*/part-00000.parquet"))),
+    )
+
+
+def test_a_refusal_names_the_files_added_among_the_rows_of_any_run(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A run of other code with a file added among its rows was refused with "pass
+    --overwrite to replace it" alone: following that deleted the file unsaid. It is named, and
+    so is what --overwrite deletes, as for a run of this code."""
+    from streamassign.pipeline.runs import code_fingerprint
+
+    run = tmp_path / "run"
+    command = _a_kept_run(monkeypatch, run, **OTHER_CODE)
+    rows = next((run / "rebalances").glob("*/part-00000.parquet"))
+    (rows.parent / "part-00000.parquet.orig").write_bytes(rows.read_bytes())
+    shown = f"rebalances/{rows.parent.name}/part-00000.parquet.orig"
+    ours = (code_fingerprint() or "")[:12]
+    assert invoke(*command) == (
+        1,
+        f"Error: {run} already holds a complete run (first) written by other code (fingerprint "
+        f"abc123abc123…, this code's {ours}…) without a report (streamassign report {run} "
+        f"writes it), and {shown} is not a file the run wrote (added from elsewhere?); pass "
+        "--overwrite to replace it once the new run is complete (deleting it with the run: "
+        "move it out of the run's folder first to keep it), or --out for another folder\n",
+    )
+
+
+def test_the_users_files_in_a_runs_folders_are_named_before_overwrite_deletes_them(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Notes a user kept in a run's report/ or rebalances/ were deleted unsaid by the
+    --overwrite a refusal advised, or plan-standbys printed: only the run's folder itself was
+    looked at. The refusals name them; plan-standbys passes such a run by; a run it keeps
+    keeps them."""
+    run = tmp_path / "run"
+    command = _a_kept_run(monkeypatch, run)
+    command.remove("--report")  # report/ holds no report: --report would be refused
+    (run / "report").mkdir()
+    (run / "report" / "my-analysis.md").write_text("mine")
+    (run / "rebalances" / "notes.txt").write_text("mine")
+    assert invoke(*command)[0] == 0
+    _damage(run)
+    shown = next((run / "rebalances").glob("*/part-00000.parquet")).relative_to(run)
+    assert invoke(*command) == (
+        1,
+        f"Error: {run}: damaged run: {shown} has bytes changed since it was written; it cannot "
+        "be kept: pass --overwrite to simulate it again (deleting rebalances/notes.txt, "
+        "report/my-analysis.md with the run: move them out of the run's folder first to keep "
+        "them)\n",
+    )
+    (run / "rebalances" / "notes.txt").unlink()
+    code, out = invoke(*command, "--seed", "7")
+    assert (code, out) == (
+        1,
+        f"Error: {run} already holds a complete run (first) of another simulation (other "
+        f"--seed) without a report (streamassign report {run} --out OTHER writes it); pass "
+        "--overwrite to replace it once the new run is complete (deleting report/my-analysis.md "
+        "with the run: move it out of the run's folder first to keep it), or --out for another "
+        "folder\n",
+    )
+
+    def damaged_beside_notes(run: Path) -> None:
+        _damage(run)
+        (run / "report").mkdir()
+        (run / "report" / "my-analysis.md").write_text("mine")
+
+    (tmp_path / "plan").mkdir()
+    _plan_passes_by(monkeypatch, tmp_path / "plan", damaged_beside_notes)
+
+
+def test_report_on_a_damaged_run_of_other_code_advises_nothing_that_deletes_it(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """report on a damaged run of other code ended "run streamassign simulate again with
+    --overwrite": this code's --overwrite deletes that code's run and report, which it cannot
+    write again. The remedy says to simulate with that code, or with this code elsewhere."""
+    run = tmp_path / "run"
+    _a_kept_run(monkeypatch, run, **OTHER_CODE)
+    _list_rows(run)
+    _damage(run)
+    shown = next((run / "rebalances").glob("*/part-00000.parquet")).relative_to(run)
+    other = (
+        "simulate it again with the code that wrote it (other code), or with this code and "
+        "another --out (this code's --overwrite would delete that code's run and report)\n"
+    )
+    assert invoke("report", str(run)) == (
+        1,
+        f"Error: {run}: damaged run: {shown} has bytes changed since it was written; {other}",
+    )
+    for rows in (run / "rebalances").rglob("*.parquet"):
+        rows.unlink()
+    code, out = invoke("report", str(run))
+    assert code == 1 and out.startswith(f"Error: {run}: damaged run: rebalances/ holds no "), out
+    assert out.endswith(f"(deleted or moved?); {other}"), out
