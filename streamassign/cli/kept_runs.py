@@ -16,6 +16,7 @@ from .failures import _one_line_failures
 from .jobs import _preflight, _session
 from .report import (
     _NO_REPORT,
+    _also_deleted,
     _changed_rows_refusal,
     _deleting,
     _render,
@@ -242,6 +243,7 @@ def _render_kept(session: Any, run_dir: str, spark_tasks: int | None) -> Path:
         damage = str(exc.__cause__).rsplit("; ", 1)[0]
         raise click.ClickException(
             f"{damage}; it cannot be kept: pass --overwrite to simulate it again"
+            f"{_also_deleted(run_dir)}"
         ) from exc
 
 

@@ -76,7 +76,7 @@ def _render(session: Any, run_dir: str, out: Path | None, spark_tasks: int | Non
         data = run_tracked(session, "aggregating", console, lambda: sp.aggregate(session, run_dir))
     except StreamAssignError as exc:  # a damaged run: one line, the earlier report kept
         manifest = read_manifest(files_for(run_dir, session), run_dir)
-        raise click.ClickException(_with_rerun_remedy(str(exc), manifest)) from exc
+        raise click.ClickException(_with_rerun_remedy(run_dir, str(exc), manifest)) from exc
     files, report_id = LocalFiles(), new_run_id()
     staging = staging_path(str(out), report_id)
     try:
@@ -131,14 +131,15 @@ def _changed_rows_refusal(
 
     if why is None and not added:
         return None
-    deleting = _deleting(added, _users_files(run_dir))
+    others = _users_files(run_dir)
     if why is None:
         it = "it" if len(added) == 1 else "them"
         return (
             f"{run_dir}: {added_text(added)}: Spark reads every file in rebalances/assignor=... "
             f"as the run's rows; move {it} out of the run's folder to keep the run, or {remedy} "
-            f"({_deleting(added, _users_files(run_dir), keep=False)})"
+            f"({_deleting(added, others, keep=False)})"
         )
+    deleting = _deleting(added, others)
     if not added:
         return f"{run_dir}: {why}; {refused}{remedy}" + (f" ({deleting})" if deleting else "")
     return f"{run_dir}: {why}, and {added_text(added)}; {refused}{remedy} ({deleting})"
@@ -201,6 +202,13 @@ def _deleting(added: Sequence[str], others: Sequence[str], keep: bool = True) ->
     return f"{deleting}: move {moved} out of the run's folder first to keep {moved}"
 
 
+def _also_deleted(run_dir: str) -> str:
+    """The user's files in the run folder ``run_dir`` (``_users_files``), as the end of a
+    remedy that deletes them with the run (``--overwrite``): `` (deleting ...)``, or ""."""
+    deleting = _deleting([], _users_files(run_dir))
+    return f" ({deleting})" if deleting else ""
+
+
 def _rerun_remedy(manifest: Mapping[str, Any] | None) -> str:
     """The remedy for a damaged run of ``manifest``: this code's own run is simulated again
     with ``--overwrite``; other code's is not (this code cannot write its run or report
@@ -216,13 +224,16 @@ def _rerun_remedy(manifest: Mapping[str, Any] | None) -> str:
     )
 
 
-def _with_rerun_remedy(refusal: str, manifest: Mapping[str, Any] | None) -> str:
-    """``refusal`` (a damaged run's, from ``runs``), its remedy ``_rerun_remedy``'s."""
+def _with_rerun_remedy(run_dir: str, refusal: str, manifest: Mapping[str, Any] | None) -> str:
+    """``refusal`` (of the damaged run in ``run_dir``, from ``runs``), its remedy
+    ``_rerun_remedy``'s, naming the user's files that ``--overwrite`` would delete with it."""
     from ..pipeline.runs import SIMULATE_AGAIN
 
     if not refusal.endswith(SIMULATE_AGAIN):
         return refusal
-    return refusal.removesuffix(SIMULATE_AGAIN) + _rerun_remedy(manifest)
+    remedy = _rerun_remedy(manifest)
+    deleting = _also_deleted(run_dir) if remedy == SIMULATE_AGAIN else ""
+    return refusal.removesuffix(SIMULATE_AGAIN) + remedy + deleting
 
 
 def _refuse_changed_rows(run_dir: str, manifest: dict[str, Any]) -> None:
@@ -272,7 +283,7 @@ def report(run_dir: str, out: Path | None, master: str | None, spark_tasks: int 
             _refuse_changed_rows(run_dir, check_run(LocalFiles(), run_dir))
         except StreamAssignError as exc:
             manifest = read_manifest(LocalFiles(), run_dir)
-            raise click.ClickException(_with_rerun_remedy(str(exc), manifest)) from exc
+            raise click.ClickException(_with_rerun_remedy(run_dir, str(exc), manifest)) from exc
     _check_report_out(out or Path(run_dir) / "report")
     _preflight(master)
 
@@ -282,7 +293,7 @@ def report(run_dir: str, out: Path | None, master: str | None, spark_tasks: int 
                 check_run(files_for(run_dir, session), run_dir)
             except StreamAssignError as exc:
                 manifest = read_manifest(files_for(run_dir, session), run_dir)
-                raise click.ClickException(_with_rerun_remedy(str(exc), manifest)) from exc
+                raise click.ClickException(_with_rerun_remedy(run_dir, str(exc), manifest)) from exc
         page = _render(session, run_dir, out, spark_tasks)
     click.echo(f"report: {page}")
     click.echo(f"next: open {page.as_uri()} in a browser")

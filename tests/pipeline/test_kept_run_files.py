@@ -4,6 +4,7 @@ advise deleting a run of other code that this code cannot write again."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -107,6 +108,13 @@ def test_the_users_files_in_a_runs_folders_are_named_before_overwrite_deletes_th
         "report/my-analysis.md with the run: move them out of the run's folder first to keep "
         "them)\n",
     )
+    shutil.move(run / "rebalances", tmp_path / "rows")
+    code, out = invoke("report", str(run))
+    assert code == 1 and out.endswith(
+        "(deleted or moved?); run streamassign simulate again with --overwrite (deleting "
+        "report/my-analysis.md with the run: move it out of the run's folder first to keep it)\n"
+    ), out
+    shutil.move(tmp_path / "rows", run / "rebalances")
     (run / "rebalances" / "notes.txt").unlink()
     code, out = invoke(*command, "--seed", "7")
     assert (code, out) == (
