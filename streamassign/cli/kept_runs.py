@@ -16,15 +16,13 @@ from .failures import _one_line_failures
 from .jobs import _preflight, _session
 from .report import (
     _NO_REPORT,
-    _also_deleted,
     _changed_rows_refusal,
-    _deleting,
+    _refuse_report_extras,
     _render,
     _replaceable_report,
     _report_command,
-    _users_files,
 )
-from .run_folders import _is_remote
+from .run_folders import _is_remote, also_deleted, deleting, users_files
 
 
 def _refuse_existing(
@@ -67,10 +65,10 @@ def _refuse_existing(
             return manifest
         why, note = f" {differs}" if differs else "", _report_note(run_dir)
     added = [] if _is_remote(run_dir) else rows_added(run_dir, manifest)
-    deleting = _deleting(added, _users_files(run_dir))
+    said = deleting(added, users_files(run_dir))
     raise click.ClickException(
         f"{what}{why}{note}{f', and {added_text(added)}' if added else ''}; pass --overwrite "
-        f"to replace it once the new run is complete{f' ({deleting})' if deleting else ''}, "
+        f"to replace it once the new run is complete{f' ({said})' if said else ''}, "
         "or --out for another folder"
     )
 
@@ -208,7 +206,11 @@ def _keep_run(
             _session(master, ship_code) as session,
         ):
             page = _render_kept(session, run_dir, spark_tasks)
-    click.echo(f"{held}: kept, nothing simulated (--overwrite simulates it again)")
+    said = deleting([], users_files(run_dir), keep=False)
+    click.echo(
+        f"{held}: kept, nothing simulated (--overwrite simulates it again"
+        f"{f', {said}' if said else ''})"
+    )
     if page.is_file():
         click.echo(f"report: {page}")
         click.echo(f"next: open {page.as_uri()} in a browser; runs and columns: docs/pipeline.md")
@@ -218,15 +220,17 @@ def _keep_run(
 
 def _refuse_foreign_report_folder(run_dir: str) -> None:
     """Before Spark starts: refuse to write a kept run's report over ``DIR/report`` holding
-    other files than a report, with the remedies that keep the run (simulate's ``--out`` is the
-    run's folder: another one would simulate it all again)."""
+    other files than a report (no report, or the user's files beside one: the report replaces
+    the folder whole), with the remedies that keep the run (simulate's ``--out`` is the run's
+    folder: another one would simulate it all again)."""
     folder = Path(run_dir) / "report"
+    elsewhere = f"or write the report elsewhere: {_report_command(run_dir)}"
     if not _replaceable_report(folder):
         raise click.ClickException(
             f"{folder} exists and is no report ({_NO_REPORT}): not replacing it with the kept "
-            "run's report; move its files away, or write the report elsewhere: "
-            f"{_report_command(run_dir)}"
+            f"run's report; move its files away, {elsewhere}"
         )
+    _refuse_report_extras(folder, elsewhere)
 
 
 def _render_kept(session: Any, run_dir: str, spark_tasks: int | None) -> Path:
@@ -243,7 +247,7 @@ def _render_kept(session: Any, run_dir: str, spark_tasks: int | None) -> Path:
         damage = str(exc.__cause__).rsplit("; ", 1)[0]
         raise click.ClickException(
             f"{damage}; it cannot be kept: pass --overwrite to simulate it again"
-            f"{_also_deleted(run_dir)}"
+            f"{also_deleted(run_dir)}"
         ) from exc
 
 

@@ -15,8 +15,7 @@ from ..errors import StreamAssignError
 from ..text import exact_number
 from .kept_runs import _other_code, _same_simulation, _simulation_identity
 from .options import _given
-from .report import _users_files
-from .run_folders import _given_run_dir
+from .run_folders import _given_run_dir, users_files
 from .simulate import _simulation_job, simulate
 
 #: plan-standbys' options that mean the same to simulate: its next command repeats those the
@@ -150,7 +149,7 @@ def _holds_only_run_entries(folder: str) -> bool:
     the run's own folders: --overwrite deletes the whole folder, with whatever else it holds
     (an earlier plan's ``--out``, the user's notes in ``report/``)."""
     try:
-        return not _users_files(folder)
+        return not users_files(folder)
     except OSError:
         return False
 

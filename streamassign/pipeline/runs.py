@@ -36,6 +36,7 @@ import attrs
 
 from ..errors import DamagedRunError, ExecutorCodeError, PublishError
 from ..files import write_atomically
+from ..text import listed
 from .scenarios import PipelineError
 from .signals import deferred_signals
 
@@ -592,13 +593,11 @@ def rows_added(run_dir: str, manifest: Mapping[str, Any]) -> list[str]:
 
 
 def added_text(added: Sequence[str]) -> str:
-    """What :func:`rows_added` found (``added``: one file or more), named in one sentence."""
+    """What :func:`rows_added` found (``added``: one file or more), named in one sentence,
+    listed as the user's other files are (``listed``: commas, the first dozen)."""
     if len(added) == 1:
         return f"{added[0]} is not a file the run wrote (added from elsewhere?)"
-    return (
-        f"{', '.join(added[:-1])} and {added[-1]} are not files the run wrote (added from "
-        "elsewhere?)"
-    )
+    return f"{listed(added)} are not files the run wrote (added from elsewhere?)"
 
 
 def _checksum_name(shown: str) -> str:

@@ -80,8 +80,8 @@ def test_a_refusal_names_the_files_added_among_the_rows_of_any_run(
         f"Error: {run} already holds a complete run (first) written by other code (fingerprint "
         f"abc123abc123…, this code's {ours}…) without a report (streamassign report {run} "
         f"writes it), and {shown} is not a file the run wrote (added from elsewhere?); pass "
-        "--overwrite to replace it once the new run is complete (deleting it with the run: "
-        "move it out of the run's folder first to keep it), or --out for another folder\n",
+        "--overwrite to replace it once the new run is complete (deleting that file with the "
+        "run: move it out of the run's folder first to keep it), or --out for another folder\n",
     )
 
 
@@ -148,7 +148,7 @@ def test_report_on_a_damaged_run_of_other_code_advises_nothing_that_deletes_it(
     shown = next((run / "rebalances").glob("*/part-00000.parquet")).relative_to(run)
     other = (
         "simulate it again with the code that wrote it (other code), or with this code and "
-        "another --out (this code's --overwrite would delete that code's run and report)\n"
+        "another --out (this code's --overwrite would delete that code's run)\n"
     )
     assert invoke("report", str(run)) == (
         1,
@@ -159,3 +159,113 @@ def test_report_on_a_damaged_run_of_other_code_advises_nothing_that_deletes_it(
     code, out = invoke("report", str(run))
     assert code == 1 and out.startswith(f"Error: {run}: damaged run: rebalances/ holds no "), out
     assert out.endswith(f"(deleted or moved?); {other}"), out
+
+
+def _an_earlier_report(run: Path) -> Path:
+    """A report in ``run/report`` as ``report`` leaves one (its page, its id), the folder."""
+    from streamassign.cli import REPORT_ID
+
+    folder = run / "report"
+    folder.mkdir()
+    (folder / "report.html").write_text("the earlier report")
+    (folder / REPORT_ID).write_text("20261129T133447Z-4aa676\n")
+    return folder
+
+
+def test_a_report_is_never_written_over_the_users_files_in_its_folder(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A report replaces its folder whole: report, and simulate --report writing a kept run's
+    missing report, deleted a note the user kept beside the earlier report without a word
+    (exit 0), and the kept line's "--overwrite simulates it again" named nothing it deletes.
+    Both commands refuse before Spark starts, naming the note, which stays; the kept line
+    names what --overwrite would delete."""
+    run = tmp_path / "run"
+    command = _a_kept_run(monkeypatch, run)
+    folder = _an_earlier_report(run)
+    (folder / "my-analysis.md").write_text("mine")
+    refused = (
+        f"Error: {folder} holds my-analysis.md, which a report does not write: not replacing "
+        f"it (a report replaces the folder whole); move it out of {folder} first to keep it, "
+    )
+    assert invoke("report", str(run)) == (1, f"{refused}or give another --out\n")
+    code, out = invoke(*command)
+    assert code == 0, out
+    assert (
+        "kept, nothing simulated (--overwrite simulates it again, deleting "
+        "report/my-analysis.md with the run)\n"
+    ) in out
+    (folder / "report.html").unlink()
+    assert invoke(*command) == (
+        1,
+        f"{refused}or write the report elsewhere: streamassign report {run} --out OTHER\n",
+    )
+    assert (folder / "my-analysis.md").read_text() == "mine"
+
+
+def test_report_on_a_run_of_other_code_says_no_deleting_where_its_remedy_deletes_nothing(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """report on a run of other code with a file added among its rows, or damaged beside the
+    user's note, glued "(deleting ... with the run ...)" after a remedy that deletes nothing,
+    and told an intact run to be simulated again. An intact run needs the file moved out; a
+    damaged one is simulated again elsewhere, nothing said deleted."""
+    run = tmp_path / "run"
+    _a_kept_run(monkeypatch, run, **OTHER_CODE)
+    _list_rows(run)
+    rows = next((run / "rebalances").glob("*/part-00000.parquet"))
+    (rows.parent / "part-00000.parquet.orig").write_bytes(rows.read_bytes())
+    (run / "rebalances" / "notes.txt").write_text("mine")
+    shown = rows.relative_to(run)
+    added = f"{shown}.orig is not a file the run wrote (added from elsewhere?)"
+    assert invoke("report", str(run)) == (
+        1,
+        f"Error: {run}: {added}: Spark reads every file in rebalances/assignor=... as the run's "
+        "rows; move that file out of the run's folder to keep the run\n",
+    )
+    _damage(run)
+    assert invoke("report", str(run)) == (
+        1,
+        f"Error: {run}: damaged run: {shown} has bytes changed since it was written, and "
+        f"{added}; simulate it again with the code that wrote it (other code), or with this "
+        "code and another --out (this code's --overwrite would delete that code's run)\n",
+    )
+
+
+def test_a_runs_own_files_are_never_named_as_the_users(tmp_path: Path) -> None:
+    """What simulate, Spark and report write in a run's folder (markers, checksum files, the
+    manifest, the report's page, id and CSV files, an interrupted render's staging) is never
+    named among the user's files that --overwrite would delete; the user's are, a folder once."""
+    from streamassign.cli import REPORT_ID
+    from streamassign.cli.run_folders import users_files
+    from streamassign.pipeline.report import CSV_FILES
+
+    run = tmp_path / "run"
+    rows = run / "rebalances" / "assignor=task%3Asticky"
+    rows.mkdir(parents=True)
+    (run / "manifest").mkdir()
+    (run / "report").mkdir()
+    (run / ".report.partial-20261129T133447Z-4aa676").mkdir()
+    own = [
+        "manifest/part-00000.json",
+        "manifest/.part-00000.json.crc",
+        "rebalances/_SUCCESS",
+        "rebalances/._SUCCESS.crc",
+        f"{rows.relative_to(run)}/part-00000-a9a8.c000.snappy.parquet",
+        f"{rows.relative_to(run)}/.part-00000-a9a8.c000.snappy.parquet.crc",
+        "report/report.html",
+        f"report/{REPORT_ID}",
+        *(f"report/{name}" for name in CSV_FILES),
+    ]
+    for shown in own:
+        (run / shown).write_bytes(b"PAR1")
+    assert users_files(str(run)) == []
+    (run / "report" / "old").mkdir()
+    for shown in ("notes.txt", "manifest/mine.json", "rebalances/notes.txt", "report/old/a.md"):
+        (run / shown).write_text("mine")
+    assert users_files(str(run)) == [
+        "notes.txt",
+        "manifest/mine.json",
+        "rebalances/notes.txt",
+        "report/old/",
+    ]

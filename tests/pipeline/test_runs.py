@@ -998,7 +998,7 @@ def test_every_file_added_among_a_runs_rows_is_named_at_once(tmp_path: Path) -> 
         "rebalances/assignor=b/copy.parquet",
     ]
     assert added_text(added) == (
-        "rebalances/assignor=a/notes.txt, rebalances/assignor=a/part-0.parquet.orig and "
+        "rebalances/assignor=a/notes.txt, rebalances/assignor=a/part-0.parquet.orig, "
         "rebalances/assignor=b/copy.parquet are not files the run wrote (added from elsewhere?)"
     )
     assert added_text(added[2:]) == (
