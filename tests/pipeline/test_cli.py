@@ -1923,7 +1923,7 @@ def test_a_report_folder_that_lost_only_its_page_is_rewritten_by_report_and_a_ke
     command = _a_kept_run(monkeypatch, run)
     folder = run / "report"
     folder.mkdir()
-    (folder / "by_event.csv").write_text("the earlier render's")
+    (folder / "summary_by_event.csv").write_text("the earlier render's")
     (folder / "report-id.txt").write_text("20261129T045102Z-3f9a1c\n")
 
     @contextlib.contextmanager
