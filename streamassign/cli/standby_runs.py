@@ -15,7 +15,7 @@ from ..errors import StreamAssignError
 from ..text import exact_number
 from .kept_runs import _other_code, _same_simulation, _simulation_identity
 from .options import _given
-from .run_folders import _given_run_dir, users_files
+from .run_folders import _given_run_dir, report_extras, users_files
 from .simulate import _simulation_job, simulate
 
 #: plan-standbys' options that mean the same to simulate: its next command repeats those the
@@ -97,10 +97,11 @@ def _standby_run_dir(
     folders holding anything else (a run with a file added among its rows, which
     ``--overwrite`` would delete; one with a file that cannot be read: not known to be damaged;
     a run of the same settings by other code: the "before" of a code change,
-    which ``--overwrite`` would delete unsaid; a run of another model, rate, fleet, topology;
-    what is no run) or the plan's own files (``plan_out``, written after this line: the run
-    would be refused there, or its --overwrite would delete them), the first of ``-2``,
-    ``-3``, ... that is free or holds the same simulation."""
+    which ``--overwrite`` would delete unsaid; a kept run without its report whose ``report/``
+    holds the user's files, which ``--report`` refuses to replace; a run of another model,
+    rate, fleet, topology; what is no run) or the plan's own files (``plan_out``, written
+    after this line: the run would be refused there, or its --overwrite would delete them),
+    the first of ``-2``, ``-3``, ... that is free or holds the same simulation."""
     import itertools
 
     from ..pipeline.runs import (
@@ -139,9 +140,22 @@ def _standby_run_dir(
         )
         if damaged and _holds_only_run_entries(where):
             return out, True, None  # nothing in it worth keeping
-        if not damaged:
+        if not damaged and not _report_refused(where):
             return out, False, manifest
     raise AssertionError("unreachable: itertools.count never ends")
+
+
+def _report_refused(folder: str) -> bool:
+    """Whether ``simulate --report`` would refuse to write the missing report of the run it
+    keeps in ``folder``: its ``report/`` holds files a report does not write (a report
+    replaces the folder whole), or cannot be listed."""
+    report = Path(folder) / "report"
+    if (report / "report.html").is_file():
+        return False
+    try:
+        return bool(report_extras(report))
+    except OSError:
+        return True
 
 
 def _holds_only_run_entries(folder: str) -> bool:

@@ -269,3 +269,18 @@ def test_a_runs_own_files_are_never_named_as_the_users(tmp_path: Path) -> None:
         "rebalances/notes.txt",
         "report/old/",
     ]
+
+
+def test_plan_standbys_passes_by_a_kept_run_whose_report_folder_holds_the_users_files(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """plan-standbys printed simulate --report over a run it keeps whose report lost its page
+    and holds the user's note: that command replaced report/ whole, deleting the note; it
+    now refuses, so the plan passes the run by."""
+
+    def note_beside_a_lost_page(run: Path) -> None:
+        folder = _an_earlier_report(run)
+        (folder / "report.html").unlink()
+        (folder / "my-analysis.md").write_text("mine")
+
+    _plan_passes_by(monkeypatch, tmp_path, note_beside_a_lost_page)
