@@ -151,6 +151,11 @@ def _link_problem(path: Path) -> str | None:
     return None
 
 
+#: Files a desktop leaves in a folder it showed (Finder, Explorer): nobody's work, never named
+#: as the user's, so they neither block a report nor make a run's --overwrite say more.
+DESKTOP_LITTER = frozenset({".DS_Store", "Thumbs.db", "desktop.ini"})
+
+
 def users_files(run_dir: str) -> list[str]:
     """What the local run folder ``run_dir`` holds that neither ``simulate`` nor ``report``
     wrote there and Spark does not read as rows (notes beside the run's folders, in
@@ -175,7 +180,7 @@ def users_files(run_dir: str) -> list[str]:
         found += [f"report/{name}" for name in report_extras(Path(run_dir) / "report")]
     except OSError:
         found.append("report/")
-    return found
+    return [shown for shown in found if shown.rsplit("/", 1)[-1] not in DESKTOP_LITTER]
 
 
 def _entries(run_dir: str, top: str) -> list[str]:
@@ -225,7 +230,7 @@ def report_extras(folder: Path) -> list[str]:
 
     if not folder.is_dir():
         return []
-    own = {"report.html", REPORT_ID, *CSV_FILES}
+    own = {"report.html", REPORT_ID, *CSV_FILES, *DESKTOP_LITTER}
     return [
         f"{name}/" if (folder / name).is_dir() else name
         for name in sorted(os.listdir(folder))

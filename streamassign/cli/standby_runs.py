@@ -150,10 +150,8 @@ def _report_refused(folder: str) -> bool:
     keeps in ``folder``: its ``report/`` holds files a report does not write (a report
     replaces the folder whole), or cannot be listed."""
     report = Path(folder) / "report"
-    if (report / "report.html").is_file():
-        return False
     try:
-        return bool(report_extras(report))
+        return not (report / "report.html").is_file() and bool(report_extras(report))
     except OSError:
         return True
 

@@ -234,8 +234,9 @@ def test_report_on_a_run_of_other_code_says_no_deleting_where_its_remedy_deletes
 
 def test_a_runs_own_files_are_never_named_as_the_users(tmp_path: Path) -> None:
     """What simulate, Spark and report write in a run's folder (markers, checksum files, the
-    manifest, the report's page, id and CSV files, an interrupted render's staging) is never
-    named among the user's files that --overwrite would delete; the user's are, a folder once."""
+    manifest, the report's page, id and CSV files, an interrupted render's staging), or a
+    desktop leaves there, is never named among the user's files that --overwrite would
+    delete; the user's are, a folder once."""
     from streamassign.cli import REPORT_ID
     from streamassign.cli.run_folders import users_files
     from streamassign.pipeline.report import CSV_FILES
@@ -256,6 +257,9 @@ def test_a_runs_own_files_are_never_named_as_the_users(tmp_path: Path) -> None:
         "report/report.html",
         f"report/{REPORT_ID}",
         *(f"report/{name}" for name in CSV_FILES),
+        ".DS_Store",  # a desktop's, nobody's work: never named, never blocks a report
+        "report/.DS_Store",
+        "rebalances/Thumbs.db",
     ]
     for shown in own:
         (run / shown).write_bytes(b"PAR1")
