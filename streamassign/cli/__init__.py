@@ -18,6 +18,6 @@ and ``snapshots`` (what plan, explain, diff and describe print and read), ``conn
 from . import describe, diff, explain, plan, plan_standbys, report, simulate  # noqa: F401
 from .group import TARGET_MISSED_EXIT, main
 from .inputs import load_clients, parse_partitions
-from .report import REPORT_ID
+from .run_folders import REPORT_ID
 
 __all__ = ["REPORT_ID", "TARGET_MISSED_EXIT", "load_clients", "main", "parse_partitions"]

@@ -17,11 +17,12 @@ from .jobs import _preflight, _session
 from .report import (
     _NO_REPORT,
     _changed_rows_refusal,
+    _refuse_report_extras,
     _render,
     _replaceable_report,
     _report_command,
 )
-from .run_folders import _is_remote
+from .run_folders import _is_remote, also_deleted, deleting, users_files
 
 
 def _refuse_existing(
@@ -35,9 +36,11 @@ def _refuse_existing(
     from ..pipeline.runs import (
         MANIFEST,
         MANIFEST_FILE,
+        added_text,
         describe_existing,
         read_manifest,
         replaceable,
+        rows_added,
         run_damage,
     )
 
@@ -54,16 +57,19 @@ def _refuse_existing(
     # A damaged run (``what`` says so) is never kept, nor is its report (of the run before the
     # damage) a reason to keep it.
     why, note = "", ""
+    manifest = read_manifest(files, run_dir) or {}
     if run_damage(files, run_dir) is None:
-        manifest = read_manifest(files, run_dir) or {}
         differs = _why_not_kept(manifest, identity)
         if differs is None and not _is_remote(run_dir):
             _refuse_damaged(run_dir, manifest)
             return manifest
         why, note = f" {differs}" if differs else "", _report_note(run_dir)
+    added = [] if _is_remote(run_dir) else rows_added(run_dir, manifest)
+    said = deleting(added, users_files(run_dir))
     raise click.ClickException(
-        f"{what}{why}{note}; pass --overwrite to replace it once the new run is "
-        "complete, or --out for another folder"
+        f"{what}{why}{note}{f', and {added_text(added)}' if added else ''}; pass --overwrite "
+        f"to replace it once the new run is complete{f' ({said})' if said else ''}, "
+        "or --out for another folder"
     )
 
 
@@ -71,21 +77,24 @@ def _refuse_damaged(run_dir: str, manifest: Mapping[str, Any]) -> None:
     """Refuse to keep the local run in ``run_dir`` (``manifest``: its manifest) if its Parquet
     files are not those it wrote (a file deleted or added, its size or bytes changed): its
     report, if any, shows rows it no longer holds, and a rerun without ``--overwrite`` would
-    keep it again. Likewise if nothing can check them, said as such (not as damage). A file
-    added among them is named either way: Spark would read it with the run's rows, moving it
-    away keeps the run if nothing else is wrong, and ``--overwrite`` would delete it."""
-    from ..pipeline.runs import rows_added, rows_damage, rows_unchecked
+    keep it again. Likewise if nothing can check them, or one cannot be read, said as such
+    (not as damage: making it readable may keep the run). A file added among them is named
+    either way: Spark would read it with the run's rows, moving it away keeps the run if
+    nothing else is wrong, and ``--overwrite`` would delete it."""
+    from ..pipeline.runs import Unreadable, rows_added, rows_damage, rows_unchecked
 
     added = rows_added(run_dir, manifest)
     damage = rows_damage(run_dir, manifest)
-    if damage is not None:
-        why: str | None = f"damaged run: {damage}"
+    remedy, refused = "pass --overwrite to simulate it again", "it cannot be kept: "
+    if isinstance(damage, Unreadable):
+        why: str | None = f"its rows cannot be checked: {damage}"
+        remedy, refused = f"make it readable (chmod) to keep the run, or {remedy}", ""
+    elif damage is not None:
+        why = f"damaged run: {damage}"
     else:
         unchecked = rows_unchecked(run_dir, manifest)
         why = None if unchecked is None else f"its rows cannot be checked: {unchecked}"
-    refusal = _changed_rows_refusal(
-        run_dir, why, added, "pass --overwrite to simulate it again", "it cannot be kept: "
-    )
+    refusal = _changed_rows_refusal(run_dir, why, added, remedy, refused)
     if refusal is not None:
         raise click.ClickException(refusal)
 
@@ -197,7 +206,11 @@ def _keep_run(
             _session(master, ship_code) as session,
         ):
             page = _render_kept(session, run_dir, spark_tasks)
-    click.echo(f"{held}: kept, nothing simulated (--overwrite simulates it again)")
+    said = deleting([], users_files(run_dir), keep=False)
+    click.echo(
+        f"{held}: kept, nothing simulated (--overwrite simulates it again"
+        f"{f', {said}' if said else ''})"
+    )
     if page.is_file():
         click.echo(f"report: {page}")
         click.echo(f"next: open {page.as_uri()} in a browser; runs and columns: docs/pipeline.md")
@@ -207,15 +220,17 @@ def _keep_run(
 
 def _refuse_foreign_report_folder(run_dir: str) -> None:
     """Before Spark starts: refuse to write a kept run's report over ``DIR/report`` holding
-    other files than a report, with the remedies that keep the run (simulate's ``--out`` is the
-    run's folder: another one would simulate it all again)."""
+    other files than a report (no report, or the user's files beside one: the report replaces
+    the folder whole), with the remedies that keep the run (simulate's ``--out`` is the run's
+    folder: another one would simulate it all again)."""
     folder = Path(run_dir) / "report"
+    elsewhere = f"or write the report elsewhere: {_report_command(run_dir)}"
     if not _replaceable_report(folder):
         raise click.ClickException(
             f"{folder} exists and is no report ({_NO_REPORT}): not replacing it with the kept "
-            "run's report; move its files away, or write the report elsewhere: "
-            f"{_report_command(run_dir)}"
+            f"run's report; move its files away, {elsewhere}"
         )
+    _refuse_report_extras(folder, elsewhere)
 
 
 def _render_kept(session: Any, run_dir: str, spark_tasks: int | None) -> Path:
@@ -232,6 +247,7 @@ def _render_kept(session: Any, run_dir: str, spark_tasks: int | None) -> Path:
         damage = str(exc.__cause__).rsplit("; ", 1)[0]
         raise click.ClickException(
             f"{damage}; it cannot be kept: pass --overwrite to simulate it again"
+            f"{also_deleted(run_dir)}"
         ) from exc
 
 

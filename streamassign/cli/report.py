@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import stat
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final
 
@@ -13,30 +13,38 @@ import click
 
 from ..errors import StreamAssignError
 from ..files import write_atomically
+from ..text import listed
 from .extras import _require
 from .failures import _one_line_failures
 from .group import main
 from .jobs import _preflight, _session
 from .options import _REPORT_SPARK_TASKS, _master_option, _out_dir_option, _spark_tasks_option
 from .run_folders import (
+    REPORT_ID,
     _check_out_folder,
     _is_remote,
     _publish,
     _refuse_dangling_link,
     _resolved,
     _run_dir,
+    also_deleted,
+    deleting,
+    report_extras,
+    users_files,
 )
 
 
 def _report_command(run_dir: str) -> str:
     """The command that writes the report of the run in ``run_dir``: with ``--out`` for a
-    remote run, and for a local one whose ``report/`` holds other files but no report.html
-    (``report`` does not replace such a folder)."""
+    remote run, and for a local one whose ``report/`` holds other files (``report`` does not
+    replace such a folder)."""
     command = f"streamassign report {run_dir}"
     if _is_remote(run_dir):
         return f"{command} --out DIR"
-    if _replaceable_report(Path(run_dir) / "report"):
-        return command
+    folder = Path(run_dir) / "report"
+    with contextlib.suppress(OSError):
+        if _replaceable_report(folder) and not report_extras(folder):
+            return command
     return f"{command} --out OTHER"
 
 
@@ -58,7 +66,7 @@ def _render(session: Any, run_dir: str, out: Path | None, spark_tasks: int | Non
     from ..pipeline import spark as sp
     from ..pipeline.progress import plain_step, run_tracked, stderr_console
     from ..pipeline.report import render_report
-    from ..pipeline.runs import LocalFiles, new_run_id, staging_path
+    from ..pipeline.runs import LocalFiles, files_for, new_run_id, staging_path
 
     if out is None:
         if _is_remote(run_dir):
@@ -74,7 +82,7 @@ def _render(session: Any, run_dir: str, out: Path | None, spark_tasks: int | Non
     try:
         data = run_tracked(session, "aggregating", console, lambda: sp.aggregate(session, run_dir))
     except StreamAssignError as exc:  # a damaged run: one line, the earlier report kept
-        raise click.ClickException(str(exc)) from exc
+        raise _damaged_run_refusal(files_for(run_dir, session), run_dir, exc) from exc
     files, report_id = LocalFiles(), new_run_id()
     staging = staging_path(str(out), report_id)
     try:
@@ -94,9 +102,6 @@ def _render(session: Any, run_dir: str, out: Path | None, spark_tasks: int | Non
     return out / "report.html"
 
 
-#: The file in a report's folder holding the id of the render that wrote it.
-REPORT_ID: Final = "report-id.txt"
-
 #: Why a folder is not taken for an earlier report (see ``_replaceable_report``), true whether
 #: or not it holds a ``REPORT_ID`` of another's.
 _NO_REPORT: Final = f"no report.html in it, and no {REPORT_ID} holding a report's id"
@@ -104,7 +109,8 @@ _NO_REPORT: Final = f"no report.html in it, and no {REPORT_ID} holding a report'
 
 def _check_report_out(out: Path) -> None:
     """The report goes to a hidden sibling of ``out``, then replaces ``out``: refuse a folder
-    that is not an earlier report, or a parent the sibling cannot be written in."""
+    that is not an earlier report, or one holding files a report does not write (they would
+    go with it), or a parent the sibling cannot be written in."""
     _refuse_dangling_link(out, f"--out {out}")
     given, out = out, _resolved(out, f"--out {out}")
     if not _replaceable_report(out):
@@ -112,53 +118,114 @@ def _check_report_out(out: Path) -> None:
             f"{out} exists and is no report ({_NO_REPORT}): not replacing it; give an empty "
             "or new folder as --out"
         )
+    _refuse_report_extras(out, "or give another --out")
     _check_out_folder(out.parent, given=given)
 
 
+def _refuse_report_extras(folder: Path, elsewhere: str) -> None:
+    """Refuse to write a report over the earlier one in ``folder`` while it holds files a
+    report does not write (``report_extras``: the user's notes), naming them: the new report
+    replaces the folder whole. ``elsewhere``: the remedy that writes the report elsewhere."""
+    extras = report_extras(folder)
+    if extras:
+        them = "it" if len(extras) == 1 else "them"
+        raise click.ClickException(
+            f"{folder} holds {listed(extras)}, which a report does not write: not replacing "
+            f"it (a report replaces the folder whole); move {them} out of {folder} first to "
+            f"keep {them}, {elsewhere}"
+        )
+
+
 def _changed_rows_refusal(
-    run_dir: str, why: str | None, added: Sequence[str], remedy: str, refused: str = ""
+    run_dir: str,
+    why: str | None,
+    added: Sequence[str],
+    remedy: str,
+    refused: str = "",
+    deletes: bool = True,
 ) -> str | None:
     """The line refusing the local run in ``run_dir`` whose rows are not those it wrote, or
     None: ``why`` (its damage, or why its rows cannot be checked) and the files ``added``
-    among them (``rows_added``), each named, with ``remedy`` (``--overwrite``, after
-    ``refused`` when the run is damaged). An added file is the user's and Spark would read it
-    as rows: moving it out keeps the run (alone) or the file (beside damage), and the remedy
-    says that ``--overwrite`` deletes it."""
+    among them (``rows_added``), each named, with ``remedy`` (after ``refused`` when the run
+    is damaged). An added file is the user's and Spark would read it as rows: moving it out
+    keeps the run (alone) or the file (beside damage). ``deletes``: the remedy is this code's
+    ``--overwrite``, said to delete the added files and the user's other files in the run's
+    folder (``users_files``); else it deletes nothing, and an intact run needs only the
+    added files moved out."""
     from ..pipeline.runs import added_text
 
     if why is None and not added:
         return None
-    if not added:
-        return f"{run_dir}: {why}; {refused}{remedy}"
-    it = "it" if len(added) == 1 else "them"
+    others = users_files(run_dir) if deletes else []
     if why is None:
-        return (
+        it = "that file" if len(added) == 1 else "those files"
+        keep = (
             f"{run_dir}: {added_text(added)}: Spark reads every file in rebalances/assignor=... "
-            f"as the run's rows; move {it} out of the run's folder to keep the run, or {remedy} "
-            f"(deleting {it} with the run)"
+            f"as the run's rows; move {it} out of the run's folder to keep the run"
         )
+        return f"{keep}, or {remedy} ({deleting(added, others, keep=False)})" if deletes else keep
+    said = deleting(added, others) if deletes else ""
+    tail = f" ({said})" if said else ""
+    if not added:
+        return f"{run_dir}: {why}; {refused}{remedy}{tail}"
+    return f"{run_dir}: {why}, and {added_text(added)}; {refused}{remedy}{tail}"
+
+
+def _rerun_remedy(run_dir: str, manifest: Mapping[str, Any] | None) -> str:
+    """The remedy for the damaged run in ``run_dir`` (``manifest``: its manifest): this code's
+    own run is simulated again with ``--overwrite``; other code's is not (this code cannot
+    write its run or report again, which ``--overwrite`` would delete for good)."""
+    from ..pipeline.runs import SIMULATE_AGAIN
+    from .kept_runs import _other_code
+
+    if manifest is None or _other_code(manifest) is None:
+        return SIMULATE_AGAIN
+    reported = not _is_remote(run_dir) and (Path(run_dir) / "report" / "report.html").is_file()
     return (
-        f"{run_dir}: {why}, and {added_text(added)}; {refused}{remedy} (deleting {it} with the "
-        f"run: move {it} out of the run's folder first to keep {it})"
+        "simulate it again with the code that wrote it (other code), or with this code and "
+        "another --out (this code's --overwrite would delete that code's run"
+        f"{' and report' if reported else ''})"
     )
+
+
+def _damaged_run_refusal(files: Any, run_dir: str, exc: StreamAssignError) -> click.ClickException:
+    """The one line refusing the damaged run in ``run_dir`` (``exc``, from ``runs``; ``files``:
+    how to read its manifest), its remedy ``_rerun_remedy``'s, naming the user's files that
+    this code's ``--overwrite`` would delete with it."""
+    from ..pipeline.runs import SIMULATE_AGAIN, read_manifest
+
+    refusal = str(exc)
+    if not refusal.endswith(SIMULATE_AGAIN):
+        return click.ClickException(refusal)
+    remedy = _rerun_remedy(run_dir, read_manifest(files, run_dir))
+    tail = also_deleted(run_dir) if remedy == SIMULATE_AGAIN else ""
+    return click.ClickException(refusal.removesuffix(SIMULATE_AGAIN) + remedy + tail)
 
 
 def _refuse_changed_rows(run_dir: str, manifest: dict[str, Any]) -> None:
     """Before Spark starts: refuse a local run whose files are not those its manifest lists
     with their digests (a byte changed, a file added: Spark would read them without a word
     where no checksum file is beside them). A manifest without digests (older code) leaves it
-    to Spark's checksums and the rows' count."""
-    from ..pipeline.runs import ROW_SHA256, rows_added, rows_damage
+    to Spark's checksums and the rows' count. A file that cannot be read is said as such, not
+    as damage."""
+    from ..pipeline.runs import ROW_SHA256, SIMULATE_AGAIN, Unreadable, rows_added, rows_damage
 
     if not isinstance(manifest.get(ROW_SHA256), dict):
         return
     added = rows_added(run_dir, manifest)
     damage = rows_damage(run_dir, manifest)
+    if isinstance(damage, Unreadable):
+        raise click.ClickException(
+            f"{run_dir}: its rows cannot be checked: {damage}; make it readable (chmod) and "
+            "run streamassign report again"
+        )
+    remedy = _rerun_remedy(run_dir, manifest)
     refusal = _changed_rows_refusal(
         run_dir,
         None if damage is None else f"damaged run: {damage}",
         added,
-        "run streamassign simulate again with --overwrite",
+        remedy,
+        deletes=remedy == SIMULATE_AGAIN,
     )
     if refusal is not None:
         raise click.ClickException(refusal)
@@ -183,7 +250,7 @@ def report(run_dir: str, out: Path | None, master: str | None, spark_tasks: int 
         try:
             _refuse_changed_rows(run_dir, check_run(LocalFiles(), run_dir))
         except StreamAssignError as exc:
-            raise click.ClickException(str(exc)) from exc
+            raise _damaged_run_refusal(LocalFiles(), run_dir, exc) from exc
     _check_report_out(out or Path(run_dir) / "report")
     _preflight(master)
 
@@ -192,7 +259,7 @@ def report(run_dir: str, out: Path | None, master: str | None, spark_tasks: int 
             try:
                 check_run(files_for(run_dir, session), run_dir)
             except StreamAssignError as exc:
-                raise click.ClickException(str(exc)) from exc
+                raise _damaged_run_refusal(files_for(run_dir, session), run_dir, exc) from exc
         page = _render(session, run_dir, out, spark_tasks)
     click.echo(f"report: {page}")
     click.echo(f"next: open {page.as_uri()} in a browser")

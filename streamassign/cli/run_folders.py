@@ -6,12 +6,16 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import click
 
 from ..errors import PublishError
+from ..text import listed
 from .failures import _spark_failure
+
+#: The file in a report's folder holding the id of the render that wrote it.
+REPORT_ID: Final = "report-id.txt"
 
 
 def _is_remote(path: str) -> bool:
@@ -145,3 +149,113 @@ def _link_problem(path: Path) -> str | None:
             return f"cannot follow {part}: {exc.strerror or exc}"
         return None
     return None
+
+
+#: Files a desktop leaves in a folder it showed (Finder, Explorer): nobody's work, never named
+#: as the user's, so they neither block a report nor make a run's --overwrite say more.
+DESKTOP_LITTER = frozenset({".DS_Store", "Thumbs.db", "desktop.ini"})
+
+
+def users_files(run_dir: str) -> list[str]:
+    """What the local run folder ``run_dir`` holds that neither ``simulate`` nor ``report``
+    wrote there and Spark does not read as rows (notes beside the run's folders, in
+    ``rebalances/`` beside the partition folders, in ``report/``), by its path under the run;
+    a folder the run does not write by its path with a ``/``, once; one that cannot be
+    listed likewise (what it holds is not known to be the run's). ``--overwrite`` deletes
+    them with the run. Files added among the rows are ``rows_added``'s."""
+    from ..pipeline.runs import MANIFEST, REBALANCES, LocalFiles, row_files
+
+    if _is_remote(run_dir) or not os.path.isdir(run_dir):
+        return []
+    found: list[str] = []
+    for name in sorted(os.listdir(run_dir)):
+        if name in (MANIFEST, REBALANCES, "report") and os.path.isdir(f"{run_dir}/{name}"):
+            continue
+        if not name.startswith(".report."):  # an interrupted render's staging or replaced copy
+            found.append(f"{name}/" if os.path.isdir(f"{run_dir}/{name}") else name)
+    rows = {f"{REBALANCES}/{shown}" for shown in row_files(LocalFiles(), run_dir)}
+    for top in (MANIFEST, REBALANCES):
+        found += [s for s in _entries(run_dir, top) if s not in rows and not written_by_a_run(s)]
+    try:
+        found += [f"report/{name}" for name in report_extras(Path(run_dir) / "report")]
+    except OSError:
+        found.append("report/")
+    return [shown for shown in found if shown.rsplit("/", 1)[-1] not in DESKTOP_LITTER]
+
+
+def _entries(run_dir: str, top: str) -> list[str]:
+    """The files in the run's folder ``top`` by their path under ``run_dir``; a folder in it
+    other than ``rebalances/``'s partition folders (``assignor=...``) by its path with a
+    ``/``, once, as is one that cannot be listed."""
+    from ..pipeline.runs import REBALANCES
+
+    found: list[str] = []
+
+    def shown(path: str) -> str:
+        return os.path.relpath(path, run_dir).replace(os.sep, "/")
+
+    def unlisted(exc: OSError) -> None:
+        found.append(f"{shown(str(exc.filename))}/")
+
+    if not os.path.isdir(f"{run_dir}/{top}"):
+        return found
+    for folder, folders, names in os.walk(f"{run_dir}/{top}", onerror=unlisted):
+        here = shown(folder)
+        partitions = [name for name in folders if here == REBALANCES and "=" in name]
+        found += [f"{here}/{name}/" for name in sorted(set(folders) - set(partitions))]
+        folders[:] = partitions
+        found += [f"{here}/{name}" for name in sorted(names)]
+    return found
+
+
+def written_by_a_run(shown: str) -> bool:
+    """Whether the file ``shown`` (its path under a run's folder, in ``manifest/`` or in
+    ``rebalances/``, not among its rows) is one ``simulate`` writes: the manifest, Spark's
+    markers and checksum files."""
+    from ..pipeline.runs import MANIFEST, MANIFEST_FILE, MANIFEST_PATH, REBALANCES
+
+    name = shown.rpartition("/")[2]
+    if shown.startswith(f"{REBALANCES}/"):
+        return name in ("_SUCCESS", "._SUCCESS.crc") or (
+            name.startswith(".") and name.endswith(".crc") and shown.count("/") == 2
+        )
+    return shown in (MANIFEST_PATH, f"{MANIFEST}/.{MANIFEST_FILE}.crc")
+
+
+def report_extras(folder: Path) -> list[str]:
+    """What the report folder ``folder`` holds that a report does not write (its page, CSV
+    files and id), by name; a folder with a ``/``. ``report`` replaces the folder whole.
+    Raises ``OSError`` if ``folder`` cannot be listed."""
+    from ..pipeline.report import CSV_FILES
+
+    if not folder.is_dir():
+        return []
+    own = {"report.html", REPORT_ID, *CSV_FILES, *DESKTOP_LITTER}
+    return [
+        f"{name}/" if (folder / name).is_dir() else name
+        for name in sorted(os.listdir(folder))
+        if name not in own
+    ]
+
+
+def deleting(added: Sequence[str], others: Sequence[str], keep: bool = True) -> str:
+    """What ``--overwrite`` deletes beside the run, said in a remedy's brackets: the files
+    ``added`` among its rows (named before: "that file", "those files") and the user's
+    ``others`` (``users_files``, named here); with ``keep``, how to keep them. "" if none."""
+    if not added and not others:
+        return ""
+    named = ("that file" if len(added) == 1 else "those files") if added else ""
+    if others:
+        named = f"{named} and {listed(others)}" if named else listed(others)
+    moved = "it" if len(added) + len(others) == 1 else "them"
+    said = f"deleting {named} with the run"
+    if not keep:
+        return said
+    return f"{said}: move {moved} out of the run's folder first to keep {moved}"
+
+
+def also_deleted(run_dir: str) -> str:
+    """The user's files in the run folder ``run_dir`` (``users_files``), as the end of a
+    remedy that deletes them with the run (``--overwrite``): `` (deleting ...)``, or ""."""
+    said = deleting([], users_files(run_dir))
+    return f" ({said})" if said else ""

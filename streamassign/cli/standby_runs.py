@@ -15,7 +15,7 @@ from ..errors import StreamAssignError
 from ..text import exact_number
 from .kept_runs import _other_code, _same_simulation, _simulation_identity
 from .options import _given
-from .run_folders import _given_run_dir
+from .run_folders import _given_run_dir, report_extras, users_files
 from .simulate import _simulation_job, simulate
 
 #: plan-standbys' options that mean the same to simulate: its next command repeats those the
@@ -93,17 +93,20 @@ def _standby_run_dir(
     manifest of the run simulate keeps there. A run of the same simulation (``identity``) by
     this code, undamaged, is kept (no ``--overwrite``: simulate writes its report if missing);
     a damaged one (or one of this code nothing can check: simulate would not keep it) is
-    replaced if it is alone (the command redoes it). Past folders holding
-    anything else (a run with a file added among its rows, which ``--overwrite`` would delete;
+    replaced if it is alone, with no file of the user's in it (the command redoes it). Past
+    folders holding anything else (a run with a file added among its rows, which
+    ``--overwrite`` would delete; one with a file that cannot be read: not known to be damaged;
     a run of the same settings by other code: the "before" of a code change,
-    which ``--overwrite`` would delete unsaid; a run of another model, rate, fleet, topology;
-    what is no run) or the plan's own files (``plan_out``, written after this line: the run
-    would be refused there, or its --overwrite would delete them), the first of ``-2``,
-    ``-3``, ... that is free or holds the same simulation."""
+    which ``--overwrite`` would delete unsaid; a kept run without its report whose ``report/``
+    holds the user's files, which ``--report`` refuses to replace; a run of another model,
+    rate, fleet, topology; what is no run) or the plan's own files (``plan_out``, written
+    after this line: the run would be refused there, or its --overwrite would delete them),
+    the first of ``-2``, ``-3``, ... that is free or holds the same simulation."""
     import itertools
 
     from ..pipeline.runs import (
         LocalFiles,
+        Unreadable,
         describe_existing,
         read_manifest,
         rows_added,
@@ -127,30 +130,40 @@ def _standby_run_dir(
             continue  # the "before" of a code change, damaged or not: never printed for deletion
         if rows_added(where, manifest):
             continue  # a file of someone's among its rows: simulate keeps it only once moved
+        rows = rows_damage(where, manifest)
+        if isinstance(rows, Unreadable):
+            continue  # not known to be damaged: made readable, it may be kept
         damaged = (
             run_damage(files, where) is not None
-            or rows_damage(where, manifest) is not None
+            or rows is not None
             or rows_unchecked(where, manifest) is not None  # simulate would not keep it
         )
         if damaged and _holds_only_run_entries(where):
             return out, True, None  # nothing in it worth keeping
-        if not damaged:
+        if not damaged and not _report_refused(where):
             return out, False, manifest
     raise AssertionError("unreachable: itertools.count never ends")
 
 
-def _holds_only_run_entries(folder: str) -> bool:
-    """Whether ``folder`` holds nothing but what simulate and report write there: --overwrite
-    deletes the whole folder, with whatever else it holds (an earlier plan's ``--out``, the
-    user's notes)."""
-    from ..pipeline.runs import MANIFEST, REBALANCES
-
+def _report_refused(folder: str) -> bool:
+    """Whether ``simulate --report`` would refuse to write the missing report of the run it
+    keeps in ``folder``: its ``report/`` holds files a report does not write (a report
+    replaces the folder whole), or cannot be listed."""
+    report = Path(folder) / "report"
     try:
-        names = os.listdir(folder)
+        return not (report / "report.html").is_file() and bool(report_extras(report))
+    except OSError:
+        return True
+
+
+def _holds_only_run_entries(folder: str) -> bool:
+    """Whether ``folder`` holds nothing but what simulate and report write there, in it and in
+    the run's own folders: --overwrite deletes the whole folder, with whatever else it holds
+    (an earlier plan's ``--out``, the user's notes in ``report/``)."""
+    try:
+        return not users_files(folder)
     except OSError:
         return False
-    # Beside the report: its hidden staging and replaced copies, left by an interrupted render.
-    return all(n in (MANIFEST, REBALANCES, "report") or n.startswith(".report.") for n in names)
 
 
 def _inside(path: Path, folder: Path) -> bool:

@@ -36,6 +36,7 @@ import attrs
 
 from ..errors import DamagedRunError, ExecutorCodeError, PublishError
 from ..files import write_atomically
+from ..text import listed
 from .scenarios import PipelineError
 from .signals import deferred_signals
 
@@ -49,10 +50,12 @@ __all__ = [
     "REBALANCES",
     "ROW_FILES",
     "ROW_SHA256",
+    "SIMULATE_AGAIN",
     "Code",
     "Files",
     "HadoopFiles",
     "LocalFiles",
+    "Unreadable",
     "added_text",
     "check_executor_code",
     "check_rows_read",
@@ -95,6 +98,10 @@ MANIFEST: Final = "manifest"
 MANIFEST_FILE: Final = "part-00000.json"
 #: A run's manifest under its folder: its text (which holds the run's id) tells runs apart.
 MANIFEST_PATH: Final = f"{MANIFEST}/{MANIFEST_FILE}"
+
+#: The remedy ending a refusal of a damaged run: what this code does about its own run (the
+#: command line says another when other code wrote it: this code cannot write its report again).
+SIMULATE_AGAIN: Final = "run streamassign simulate again with --overwrite"
 
 
 #: The manifest's key for :func:`code_fingerprint` of the code that wrote the run.
@@ -532,7 +539,8 @@ def rows_damage(run_dir: str, manifest: Mapping[str, Any]) -> str | None:
     :data:`ROW_SHA256`: a file deleted, with its checksum file or not, one of another size,
     bytes changed), else against the checksum file Spark's local writer leaves beside each
     one. A run whose manifest lists none (older code, or written to a remote folder) is
-    checked by its checksum files alone. A file that cannot be read is said as such. Files
+    checked by its checksum files alone. A file that cannot be read is said as such, as an
+    :class:`Unreadable` (not damage). Files
     added are :func:`rows_added`'s. ``run_damage`` sees none of these, and a rerun must not
     keep such a run (every byte is read once: README command 1's 1.5 MB in milliseconds)."""
     listed, digests = manifest.get(ROW_FILES), manifest.get(ROW_SHA256)
@@ -552,10 +560,18 @@ def rows_damage(run_dir: str, manifest: Mapping[str, Any]) -> str | None:
     return None
 
 
-def _unreadable(shown: str, exc: OSError) -> str:
+class Unreadable(str):
+    """What :func:`rows_damage` says of a file it could not read (a permission, a disk error):
+    nothing is known of its bytes, so the run is not known to be damaged (the way out is
+    usually ``chmod``, not simulating it again)."""
+
+    __slots__ = ()
+
+
+def _unreadable(shown: str, exc: OSError) -> Unreadable:
     """A run's file ``shown`` (its path under ``rebalances/``) that ``exc`` kept from being
     read (a permission, a disk error), said in a line: its bytes cannot be checked."""
-    return f"{REBALANCES}/{shown} cannot be read ({exc.strerror or exc})"
+    return Unreadable(f"{REBALANCES}/{shown} cannot be read ({exc.strerror or exc})")
 
 
 def rows_added(run_dir: str, manifest: Mapping[str, Any]) -> list[str]:
@@ -577,13 +593,11 @@ def rows_added(run_dir: str, manifest: Mapping[str, Any]) -> list[str]:
 
 
 def added_text(added: Sequence[str]) -> str:
-    """What :func:`rows_added` found (``added``: one file or more), named in one sentence."""
+    """What :func:`rows_added` found (``added``: one file or more), named in one sentence,
+    listed as the user's other files are (``listed``: commas, the first dozen)."""
     if len(added) == 1:
         return f"{added[0]} is not a file the run wrote (added from elsewhere?)"
-    return (
-        f"{', '.join(added[:-1])} and {added[-1]} are not files the run wrote (added from "
-        "elsewhere?)"
-    )
+    return f"{listed(added)} are not files the run wrote (added from elsewhere?)"
 
 
 def _checksum_name(shown: str) -> str:
@@ -1028,7 +1042,7 @@ def check_run(files: Files, run_dir: str) -> dict[str, Any]:
     if manifest is None and text is not None:
         raise PipelineError(
             f"{run_dir}: the manifest {MANIFEST}/{MANIFEST_FILE} is unreadable (not one JSON "
-            "object: damaged or edited); run streamassign simulate again with --overwrite"
+            f"object: damaged or edited); {SIMULATE_AGAIN}"
         )
     if manifest is None:
         what = "has rows but no manifest" if has_rows else "has no manifest and no rows"
@@ -1042,8 +1056,7 @@ def check_run(files: Files, run_dir: str) -> dict[str, Any]:
         got = "no 'rows'" if "rows" not in manifest else f"'rows' {json.dumps(rows)}"
         raise PipelineError(
             f"{run_dir}: damaged manifest {MANIFEST}/{MANIFEST_FILE}: {got}, not a count of "
-            "the rows written (damaged or edited); run streamassign simulate again with "
-            "--overwrite"
+            f"the rows written (damaged or edited); {SIMULATE_AGAIN}"
         )
     if rows == 0:
         raise PipelineError(
@@ -1053,8 +1066,7 @@ def check_run(files: Files, run_dir: str) -> dict[str, Any]:
     if not has_rows:
         raise DamagedRunError(
             f"{run_dir}: damaged run: {REBALANCES}/ {_why_no_rows(files, rows_dir)}, but the "
-            f"manifest says {rows:,} rows were written (deleted or moved?); run streamassign "
-            "simulate again with --overwrite"
+            f"manifest says {rows:,} rows were written (deleted or moved?); {SIMULATE_AGAIN}"
         )
     return manifest
 
@@ -1084,15 +1096,13 @@ def check_rows_read(
         counts = f"{rows_read:,} of its {written:,} rows" if type(written) is int else "its rows"
         raise DamagedRunError(
             f"{run_dir}: damaged run: no rows of {', '.join(map(str, missing))} under "
-            f"{REBALANCES}/ ({counts} read; files deleted or moved?); run streamassign simulate "
-            "again with --overwrite"
+            f"{REBALANCES}/ ({counts} read; files deleted or moved?); {SIMULATE_AGAIN}"
         )
     if type(written) is int and rows_read != written:
         why = "files deleted or moved?" if rows_read < written else "files added from elsewhere?"
         raise DamagedRunError(
             f"{run_dir}: damaged run: {rows_read:,} rows read under {REBALANCES}/, but the "
-            f"manifest says {written:,} were written ({why}); run streamassign simulate again "
-            "with --overwrite"
+            f"manifest says {written:,} were written ({why}); {SIMULATE_AGAIN}"
         )
 
 
@@ -1135,6 +1145,5 @@ def unreadable_file(run_dir: str, failure: str) -> DamagedRunError | None:
         else "it is not valid Parquet: its bytes changed since it was written"
     )
     return DamagedRunError(
-        f"{run_dir}: damaged run: {shown} cannot be read ({why}); run streamassign simulate "
-        "again with --overwrite"
+        f"{run_dir}: damaged run: {shown} cannot be read ({why}); {SIMULATE_AGAIN}"
     )

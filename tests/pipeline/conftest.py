@@ -64,3 +64,16 @@ def hadoop_checksums(data: bytes, chunk: int = 512) -> bytes:
         zlib.crc32(data[i : i + chunk]).to_bytes(4, "big") for i in range(0, len(data), chunk)
     )
     return b"crc\0" + chunk.to_bytes(4, "big") + sums
+
+
+def deny_reading(monkeypatch: pytest.MonkeyPatch, locked: Path) -> None:
+    """``locked`` cannot be opened, as a file without read permission (tests run as root, who
+    reads any file)."""
+    opened = Path.open
+
+    def denied(path: Path, *args: Any, **kwargs: Any) -> Any:
+        if path == locked:
+            raise PermissionError(13, "Permission denied", str(path))
+        return opened(path, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "open", denied)

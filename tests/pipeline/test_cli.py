@@ -673,11 +673,14 @@ def test_report_refuses_a_damaged_run_and_keeps_the_earlier_report(
     (run / "report" / "report.html").write_text("earlier")
     (run / "rebalances" / "assignor=x" / "part-0.parquet").unlink()
     code, out = invoke("report", str(run))
+    # Its manifest records no code fingerprint: older code's run, whose report this code's
+    # --overwrite would delete for good.
     assert (code, out) == (
         1,
         f"Error: {run}: damaged run: rebalances/ holds no Parquet files, but the manifest says "
-        "31 rows were written (deleted or moved?); run streamassign simulate again with "
-        "--overwrite\n",
+        "31 rows were written (deleted or moved?); simulate it again with the code that wrote "
+        "it (other code), or with this code and another --out (this code's --overwrite would "
+        "delete that code's run and report)\n",
     )
     assert (run / "report" / "report.html").read_text() == "earlier"
 
@@ -1816,25 +1819,26 @@ def test_a_kept_run_with_a_byte_changed_or_a_file_added_among_its_rows_is_refuse
     assert (code, out) == (
         1,
         f"Error: {run}: {shown}.orig is not a file the run wrote (added from elsewhere?): Spark "
-        "reads every file in rebalances/assignor=... as the run's rows; move it out of the "
-        "run's folder to keep the run, or pass --overwrite to simulate it again (deleting it "
-        "with the run)\n",
+        "reads every file in rebalances/assignor=... as the run's rows; move that file out of "
+        "the run's folder to keep the run, or pass --overwrite to simulate it again (deleting "
+        "that file and rebalances/notes.txt with the run)\n",
     )
     # Every file added is named in the one refusal, and so is damage beside them: the user
-    # hears of both before --overwrite deletes what was added.
+    # hears of both before --overwrite deletes what was added (and the note beside them).
     (folder / "copy.parquet").write_bytes(data)
     rows.write_bytes(bytes([data[0] ^ 1]) + data[1:])
     code, out = invoke(*command)
     assert (code, out) == (
         1,
         f"Error: {run}: damaged run: {shown} has bytes changed since it was written, and "
-        f"rebalances/{folder.name}/copy.parquet and {shown}.orig are not files the run wrote "
+        f"rebalances/{folder.name}/copy.parquet, {shown}.orig are not files the run wrote "
         "(added from elsewhere?); it cannot be kept: pass --overwrite to simulate it again "
-        "(deleting them with the run: move them out of the run's folder first to keep them)\n",
+        "(deleting those files and rebalances/notes.txt with the run: move them out of the run's "
+        "folder first to keep them)\n",
     )
     rows.write_bytes(data)
     code, out = invoke(*command)
-    assert code == 1 and "; move them out of the run's folder to keep the run, or" in out
+    assert code == 1 and "; move those files out of the run's folder to keep the run, or" in out
     (folder / "part-00000.parquet.orig").rename(tmp_path / "moved.parquet")
     (folder / "copy.parquet").rename(tmp_path / "copy.parquet")
     assert invoke(*command)[0] == 0
@@ -1867,15 +1871,15 @@ def test_report_refuses_a_run_whose_rows_are_not_those_its_manifest_lists_before
     assert invoke("report", str(run)) == (
         1,
         f"Error: {run}: damaged run: {shown} has bytes changed since it was written, and {added}"
-        "elsewhere?); run streamassign simulate again with --overwrite (deleting it with the "
-        "run: move it out of the run's folder first to keep it)\n",
+        "elsewhere?); run streamassign simulate again with --overwrite (deleting that file with "
+        "the run: move it out of the run's folder first to keep it)\n",
     )
     rows.write_bytes(data)
     assert invoke("report", str(run)) == (
         1,
         f"Error: {run}: {added}elsewhere?): Spark reads every file in rebalances/assignor=... as "
-        "the run's rows; move it out of the run's folder to keep the run, or run streamassign "
-        "simulate again with --overwrite (deleting it with the run)\n",
+        "the run's rows; move that file out of the run's folder to keep the run, or run "
+        "streamassign simulate again with --overwrite (deleting that file with the run)\n",
     )
 
 
@@ -1919,7 +1923,7 @@ def test_a_report_folder_that_lost_only_its_page_is_rewritten_by_report_and_a_ke
     command = _a_kept_run(monkeypatch, run)
     folder = run / "report"
     folder.mkdir()
-    (folder / "by_event.csv").write_text("the earlier render's")
+    (folder / "summary_by_event.csv").write_text("the earlier render's")
     (folder / "report-id.txt").write_text("20261129T045102Z-3f9a1c\n")
 
     @contextlib.contextmanager

@@ -9,7 +9,6 @@ import os
 import shutil
 import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -26,7 +25,7 @@ from streamassign.pipeline.runs import (
     write_manifest,
 )
 
-from .conftest import hadoop_checksums
+from .conftest import deny_reading, hadoop_checksums
 
 
 def make_run(path: Path, run_id: str, rows: int = 3) -> None:
@@ -999,7 +998,7 @@ def test_every_file_added_among_a_runs_rows_is_named_at_once(tmp_path: Path) -> 
         "rebalances/assignor=b/copy.parquet",
     ]
     assert added_text(added) == (
-        "rebalances/assignor=a/notes.txt, rebalances/assignor=a/part-0.parquet.orig and "
+        "rebalances/assignor=a/notes.txt, rebalances/assignor=a/part-0.parquet.orig, "
         "rebalances/assignor=b/copy.parquet are not files the run wrote (added from elsewhere?)"
     )
     assert added_text(added[2:]) == (
@@ -1028,14 +1027,7 @@ def test_a_run_file_that_cannot_be_read_is_said_in_a_line(
     (folder / ".part-0.parquet.crc").write_bytes(hadoop_checksums(b"PAR1"))
     listed = {ROW_FILES: row_files(LocalFiles(), str(tmp_path))}
     digested = listed | {ROW_SHA256: row_digests(str(tmp_path))}
-    opened = Path.open
-
-    def denied(path: Path, *args: Any, **kwargs: Any) -> Any:
-        if path == locked:
-            raise PermissionError(13, "Permission denied", str(path))
-        return opened(path, *args, **kwargs)
-
-    monkeypatch.setattr(Path, "open", denied)
+    deny_reading(monkeypatch, locked)
     for manifest in (digested, listed, {}):  # by digest, by checksum file
         assert rows_damage(str(tmp_path), manifest) == (
             "rebalances/assignor=task%3Asticky/part-0.parquet cannot be read (Permission denied)"
