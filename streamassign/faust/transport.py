@@ -123,6 +123,20 @@ class _ConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
         if join_errors is not None and consumer is not None:
             join_errors.joining(consumer)
 
+    async def _highwaters(self, partitions: list[TP]) -> Mapping[TP, int]:
+        """Faust's, but under exactly_once asked of the broker as under at-least-once
+        (ListOffsets; the consumer reads committed, so the answer is the last stable offset),
+        with the same failure: an error out of aiokafka's ``end_offsets``. Faust returns
+        aiokafka's cached last stable offset, which is None until a fetch of the partition
+        has come back in this assignment; its recovery reads None as -1 and raises
+        ``ConsistencyError`` for any table partition with a persisted offset (a standby
+        taking over, a recovery restarted by a rebalance, a restart): the worker crashed, and
+        crashed again after every restart while the group moved."""
+        if not self.consumer.in_transaction:
+            return await super()._highwaters(partitions)
+        ended: Mapping[TP, int] = await self._ensure_consumer().end_offsets(partitions)
+        return ended
+
     def _create_worker_consumer(self, *args: Any, **kwargs: Any) -> Any:
         # (transport) in faust-streaming 0.15, (transport, loop) in older releases.
         consumer = super()._create_worker_consumer(*args, **kwargs)
