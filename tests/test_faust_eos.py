@@ -5,6 +5,7 @@ what Faust's exactly_once does not keep."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -84,3 +85,48 @@ def test_a_highwater_the_broker_does_not_give_fails_as_under_at_least_once(
             asyncio.run(thread._highwaters([CHANGELOG]))
     finally:
         close_app(thread.app)
+
+
+def warnings_said(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if "Faust's exactly_once" in r.getMessage()]
+
+
+@pytest.mark.parametrize(
+    ("guarantee", "broker", "assignor", "warned"),
+    [
+        ("exactly_once", "streamassign://localhost:1", "streamassign.faust", 1),
+        ("exactly_once", "kafka://localhost:1", "streamassign.faust", 1),
+        ("exactly_once", "streamassign://localhost:1", "faust.assignor", 1),
+        ("exactly_once", "kafka://localhost:1", "faust.assignor", 0),  # none of ours
+        ("at_least_once", "streamassign://localhost:1", "streamassign.faust", 0),
+    ],
+)
+def test_exactly_once_is_told_once_what_it_does_not_keep(
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+    guarantee: str,
+    broker: str,
+    assignor: str,
+    warned: int,
+) -> None:
+    """Faust's exactly_once loses table updates of aborted transactions and sends to sinks
+    outside transactions, whichever assignor: one WARNING per app using our assignor or
+    transport, though both are made (and a worker rebalances many times)."""
+    with caplog.at_level(logging.WARNING, logger="streamassign.faust"):
+        app = faust.App(
+            "orders-app",
+            broker=broker,
+            datadir=str(tmp_path),
+            PartitionAssignor=f"{assignor}:PartitionAssignor",
+            processing_guarantee=guarantee,
+        )
+        app.Table("totals", default=int)
+        try:
+            app.assignor  # noqa: B018 (made on first use)
+            app.consumer  # noqa: B018 (made on first use)
+        finally:
+            close_app(app)
+    said = warnings_said(caplog)
+    assert len(said) == warned, said
+    if said:
+        assert "faust-streaming 0." in said[0] and '"Exactly once"' in said[0], said

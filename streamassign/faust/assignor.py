@@ -76,6 +76,7 @@ from ._damaged import (
     is_newer_format_status,
     partition_dirs,
 )
+from ._eos import warn_if_exactly_once
 from ._settables import warn_about_set_tables
 from ._stores import disk_store, keeps_state_on_disk
 from ._watch import JoinErrors, MetadataWatch, unsized
@@ -240,6 +241,7 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
         self.app = app
         self.replicas = replicas
         _warn_unless_our_transport(app)
+        warn_if_exactly_once(app)
         self.rejoiner = Rejoiner()
         #: Re-fetches metadata of subscribed topics this worker has none of (see ``_watch``).
         self.metadata_watch = MetadataWatch()

@@ -61,6 +61,7 @@ from ..aiokafka.floods import BrokerAwayLines
 from ..aiokafka.rejoin import current_assignment, fetch_states, member_id, membership, rewind
 from ..repeats import Repeats
 from ._app import exactly_once
+from ._eos import warn_if_exactly_once
 from ._flowstop import ASSIGNING, JOINING, RECOVERING, REVOKING, FlowStop, Step
 from ._proven import ProvenOffsets, changelog_stores, proofs_file
 from ._stallhold import StallHoldProducer
@@ -344,6 +345,7 @@ class _Consumer(faust_aiokafka.Consumer):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        warn_if_exactly_once(self.app)  # also with Faust's assignor
         #: Stream partitions Faust resumed, held paused until the next ``resume_flow()``.
         self._held_streams: set[TP] = set()
         #: How long the current holds have lasted, in ``broker_request_timeout`` periods.
