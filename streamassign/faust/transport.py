@@ -488,14 +488,16 @@ class _Consumer(faust_aiokafka.Consumer):
 
     def _rewind_if_lost(self) -> None:
         """Not under exactly_once: Faust commits through its transactions there, never
-        ``_commit`` (nothing would be proven since the last rebalance), and persists a
-        table's offsets only after its transaction committed (``persist_offset_on_commit``),
-        which fences a zombie's: its offsets never pass another worker's writes; such a run
-        removes a leftover proofs file, which its offsets move past. At the first assignment
-        of a run the last run's proofs are taken from the state directory (a zombie killed
-        before it rejoined: ``_proven``), every changelog partition assigned now counting as
-        unproven if that file is garbled. Only the changelog partitions of this assignment
-        (actives and standbys, which Faust opens) are read or rewound (``_proven``)."""
+        ``_commit`` (nothing would be proven since the last rebalance), and never persists an
+        active's changelog offset (faust-streaming 0.15.3 keys ``persist_offset_on_commit``
+        by the changelog partition, ``on_commit`` looks it up by the source partitions): a
+        zombie's own writes do not move its offsets, which only a recovery (a standby's)
+        writes; such a run removes a leftover proofs file, which those offsets move past. At
+        the first assignment of a run the last run's proofs are taken from the state directory
+        (a zombie killed before it rejoined: ``_proven``), every changelog partition assigned
+        now counting as unproven if that file is garbled. Only the changelog partitions of
+        this assignment (actives and standbys, which Faust opens) are read or rewound
+        (``_proven``)."""
         under_transactions = exactly_once(self.app)
         stores = changelog_stores(self.app)
         assignor, changelogs = self.app.assignor, self.app.tables.changelog_topics
