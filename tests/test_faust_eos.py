@@ -17,6 +17,7 @@ from aiokafka.errors import KafkaTimeoutError  # noqa: E402
 from faust.types import TP  # noqa: E402
 
 from .faust_apps import close_app  # noqa: E402
+from .test_faust_transport import table_app  # noqa: E402
 
 CHANGELOG = TP("orders-app-totals-changelog", 0)
 FETCHED = TP("orders-app-totals-changelog", 1)
@@ -41,14 +42,7 @@ class NotFetchedYet:
 
 
 def consumer_thread(tmp_path: Path, aiokafka_consumer: Any, **settings: Any) -> Any:
-    app = faust.App(
-        "orders-app",
-        broker="streamassign://localhost:1",
-        datadir=str(tmp_path),
-        PartitionAssignor="streamassign.faust:PartitionAssignor",
-        **settings,
-    )
-    app.Table("totals", default=int)
+    app = table_app(tmp_path, **settings)
     app.in_worker = True  # Faust's transactions run only in a worker
     thread = app.consumer._thread
     assert thread.consumer.in_transaction == (settings["processing_guarantee"] == "exactly_once")

@@ -18,11 +18,8 @@ import asyncio
 import contextlib
 import re
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-
-import pytest
 
 from .conftest import GroupIdFactory, TopicFactory
 from .faust_cluster import KEYS, PARTITIONS, TIMEOUT, FaustCluster, Feed, produce, tally
@@ -33,36 +30,9 @@ ROUNDS_BEFORE = 10
 FEED_PAUSE = 0.5
 
 
-@pytest.fixture
-def cluster(
-    kafka_bootstrap: str,
-    kafka_topic_factory: TopicFactory,
-    kafka_group_id_factory: GroupIdFactory,
-    tmp_path: Path,
-) -> Iterator[FaustCluster]:
-    topic = kafka_topic_factory(PARTITIONS, prefix="faust-eos-src")
-    app = kafka_group_id_factory("faust-eos")
-    c = FaustCluster(
-        kafka_bootstrap,
-        app,
-        topic,
-        tmp_path,
-        *("--scheme", "streamassign", "--store", "rocksdb://", "--eos"),
-    )
-    try:
-        yield c
-    finally:
-        c.close()
-
-
 def crashes(cluster: FaustCluster) -> list[str]:
     """Every worker log line that says Faust crashed."""
-    return [
-        f"{log.stem}: {line}"
-        for log in sorted(cluster.tmp.glob("*.log"))
-        for line in log.read_text(errors="replace").splitlines()
-        if CRASHED.search(line)
-    ]
+    return cluster.log_lines(CRASHED)
 
 
 def counted_to(cluster: FaustCluster, via: str, rounds: int) -> tuple[dict[str, list[int]], int]:
@@ -94,8 +64,19 @@ def assert_running(cluster: FaustCluster, step: str) -> None:
 
 
 def test_exactly_once_workers_survive_a_restart(
-    cluster: FaustCluster, kafka_bootstrap: str
+    kafka_bootstrap: str,
+    kafka_topic_factory: TopicFactory,
+    kafka_group_id_factory: GroupIdFactory,
+    tmp_path: Path,
 ) -> None:
+    topic = kafka_topic_factory(PARTITIONS, prefix="faust-eos-src")
+    app = kafka_group_id_factory("faust-eos")
+    options = ("--scheme", "streamassign", "--store", "rocksdb://", "--eos")
+    with contextlib.closing(FaustCluster(kafka_bootstrap, app, topic, tmp_path, *options)) as c:
+        restart_while_records_flow(c, kafka_bootstrap)
+
+
+def restart_while_records_flow(cluster: FaustCluster, kafka_bootstrap: str) -> None:
     started = time.monotonic()
 
     def lap(step: str) -> None:  # where the time goes, for a slow run
