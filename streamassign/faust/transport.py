@@ -345,7 +345,6 @@ class _Consumer(faust_aiokafka.Consumer):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        warn_if_exactly_once(self.app)  # also with Faust's assignor
         #: Stream partitions Faust resumed, held paused until the next ``resume_flow()``.
         self._held_streams: set[TP] = set()
         #: How long the current holds have lasted, in ``broker_request_timeout`` periods.
@@ -928,3 +927,7 @@ class Transport(faust_aiokafka.Transport):
 
     Consumer = _Consumer
     Producer = StallHoldProducer
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        warn_if_exactly_once(self.app)  # also with Faust's assignor
