@@ -14,7 +14,7 @@ __all__ = ["warn_if_exactly_once"]
 
 log = logging.getLogger("streamassign.faust")
 
-#: The apps warned: once per app, though both its assignor and its consumer ask.
+#: The apps warned: once per app, though both its assignor and its transport ask.
 _warned: weakref.WeakSet[Any] = weakref.WeakSet()
 
 
