@@ -5,7 +5,6 @@ once")."""
 from __future__ import annotations
 
 import logging
-import weakref
 from typing import Any
 
 from ._app import exactly_once, faust_version
@@ -14,20 +13,18 @@ __all__ = ["warn_if_exactly_once"]
 
 log = logging.getLogger("streamassign.faust")
 
-#: The apps warned: once per app, though both its assignor and its transport ask.
-_warned: weakref.WeakSet[Any] = weakref.WeakSet()
-
 
 def warn_if_exactly_once(app: Any) -> None:
-    """One WARNING per app under exactly_once: Faust commits a transaction's source offsets
-    while table changelog writes of the same events may still wait in its producer's buffer
-    (they join the next transaction, and are lost if that one aborts), and it sends to sink
-    topics outside any transaction; neither depends on the assignor. At-least-once on
-    ``streamassign://`` keeps tables exact."""
+    """One WARNING under exactly_once: Faust commits a transaction's source offsets while
+    table changelog writes of the same events may still wait in its producer's buffer (they
+    join the next transaction, and are lost if that one aborts), and it sends to sink topics
+    outside any transaction; neither depends on the assignor. At-least-once on
+    ``streamassign://`` keeps tables exact. Said once per worker, where its logging is set
+    up: at its consumer's start on ``streamassign://`` (whichever assignor), else where the
+    assignor warns about Faust's own transport."""
     try:
-        if app in _warned or not exactly_once(app):
+        if not exactly_once(app):
             return
-        _warned.add(app)
     except Exception:  # an app not configured yet (or a stand-in): nothing to say
         return
     log.warning(

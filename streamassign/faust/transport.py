@@ -90,6 +90,7 @@ class _ConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
     async def on_start(self) -> None:
         if self._broker_away_lines is None:
             self._broker_away_lines = BrokerAwayLines.attach()
+        warn_if_exactly_once(self.app)  # in a worker only, whichever assignor
         await super().on_start()
 
     async def on_thread_stop(self) -> None:
@@ -927,7 +928,3 @@ class Transport(faust_aiokafka.Transport):
 
     Consumer = _Consumer
     Producer = StallHoldProducer
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        warn_if_exactly_once(self.app)  # also with Faust's assignor
