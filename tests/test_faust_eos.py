@@ -111,12 +111,14 @@ def test_exactly_once_is_told_once_what_it_does_not_keep(
     logging set up), not where the app is made (every process importing it: ``faust send``,
     scripts); on Faust's own transport with our assignor, beside the assignor's warning about
     that transport."""
+    from faust.transport.consumer import ConsumerThread
     from faust.transport.drivers import aiokafka as faust_aiokafka
 
-    async def started(self: Any) -> None:  # aiokafka's consumer is not started here
+    async def nothing(self: Any) -> None:  # no aiokafka consumer is started or stopped here
         return None
 
-    monkeypatch.setattr(faust_aiokafka.AIOKafkaConsumerThread, "on_start", started)
+    monkeypatch.setattr(faust_aiokafka.AIOKafkaConsumerThread, "on_start", nothing)
+    monkeypatch.setattr(ConsumerThread, "on_thread_stop", nothing)
     with caplog.at_level(logging.WARNING, logger="streamassign.faust"):
         app = faust.App(
             "orders-app",
@@ -130,7 +132,12 @@ def test_exactly_once_is_told_once_what_it_does_not_keep(
             app.assignor  # noqa: B018 (made on first use)
             thread = app.consumer._thread
             made = warnings_said(caplog)
-            asyncio.run(thread.on_start())
+
+            async def start_and_stop() -> None:  # the stop detaches what the start attached
+                await thread.on_start()
+                await thread.on_thread_stop()
+
+            asyncio.run(start_and_stop())
         finally:
             close_app(app)
     said = warnings_said(caplog)
