@@ -225,6 +225,35 @@ def test_a_partition_with_no_proven_offset_is_restored_from_the_start(
     assert f"{CL}[1] 42 -> the start" in warning
 
 
+def test_an_interrupted_restore_s_announced_completion_proves_nothing(
+    tmp_path: Path, group: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A worker with no standby partitions losing its membership again and again during one
+    restore: Faust announces the completion of each restore a join interrupted (its restart
+    signal set). Taken as a recovery, every later loss rewound the restore to that join's
+    offsets, and it never got further; ignored, the restore goes on where it was."""
+    app = zombie_app(tmp_path)
+    g = group(app)
+    restart = app.tables.recovery.signal_recovery_start
+
+    async def run() -> None:
+        await g.join("m-1", 1)
+        write(app, {0: 399})  # the restore reads on
+        g.expire()
+        await g.join("m-2", 3)  # the session expired mid-restore; the join interrupts it
+        restart.set()  # Faust's recovery is told to start over, and announces first
+        await g.recovered()
+        restart.clear()
+        write(app, {0: 799})  # the restore reads on again
+        g.expire()
+        await g.join("m-3", 5)
+
+    with caplog.at_level(logging.WARNING, logger="streamassign.faust"):
+        asyncio.run(run())
+    assert [read[HELD[0]] for read in g.recovery_read] == [None, 399, 799]
+    assert rewind_warnings(caplog) == []
+
+
 def test_a_completed_recovery_proves_what_it_read(tmp_path: Path, group: Any) -> None:
     """Faust's ``on_rebalance_complete`` (its recovery read the changelog up to its end): a
     membership lost before the first commit after it rewinds to what the recovery read, not

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -45,6 +46,8 @@ def test_sends_made_during_a_partition_are_held_then_dropped_at_the_reset(
     they are held, and aiokafka's reset after the heal drops them and every later one until
     the worker joins as a new member. Other topics pass throughout."""
     worker = _beating(Worker(tmp_path, monkeypatch))
+    base = time.monotonic()
+    worker.producer.clock = lambda: base + worker.skew  # only the partition moves it
 
     async def partition() -> list[Any]:
         worker.start()

@@ -180,6 +180,8 @@ def test_a_hold_beginning_while_the_worker_stops_ends_at_its_first_tick(
     recalls the changelog request in flight as a silence hold's start does (the kernel would
     send it on after the process exits)."""
     worker = StoppingWorker(tmp_path, monkeypatch)
+    base = time.monotonic()
+    worker.producer.clock = lambda: base + worker.skew  # only the silence moves it
     resets: list[int] = []
     monkeypatch.setattr(worker.producer, "_stall_abort", lambda: resets.append(1) or 1)
 

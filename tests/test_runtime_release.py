@@ -202,11 +202,22 @@ def test_a_cut_close_of_a_task_producer_sends_nothing_more(
     ]
 
 
+@pytest.mark.parametrize(
+    ("failure", "said"),
+    [
+        (RuntimeError("its sender failed"), "RuntimeError('its sender failed')"),
+        (asyncio.CancelledError(), "its stop raised CancelledError"),
+    ],
+)
 def test_a_task_producer_whose_stop_fails_is_released(
-    caplog: pytest.LogCaptureFixture,
+    caplog: pytest.LogCaptureFixture, failure: BaseException, said: str
 ) -> None:
     """aiokafka marks a producer closed before its stop's first step, so a step that fails
-    skips the others for good: its sender and connections ran on, unreleased."""
+    skips the others for good: its sender and connections ran on, unreleased. A
+    ``CancelledError`` nobody asked for (its sender's routine, cancelled, re-raises a
+    request task's cancellation) while the close is not cancelled is such a failure too: the
+    close ended there, cancelled, and the task producers' stop (a gather of the closes,
+    exceptions returned) swallowed it, nothing released."""
 
     async def scenario() -> None:
         async with silent_broker() as broker:
@@ -214,7 +225,7 @@ def test_a_task_producer_whose_stop_fails_is_released(
 
             async def failing_stop() -> None:
                 producer._closed = True  # (aiokafka's stop, first)
-                raise RuntimeError("its sender failed")
+                raise failure
 
             producer.stop = failing_stop
             await asyncio.wait_for(runtime_transactions._close(producer, abort=False), 10)
@@ -224,9 +235,35 @@ def test_a_task_producer_whose_stop_fails_is_released(
         asyncio.run(scenario())
         assert asyncio_errors(caplog) == []
     warnings = [r.getMessage() for r in caplog.records if r.name.startswith("streamassign")]
-    assert warnings == [
-        "a task's producer did not close cleanly (RuntimeError('its sender failed'))"
-    ]
+    assert warnings == [f"a task's producer did not close cleanly ({said})"]
+
+
+def test_a_cancelled_close_of_a_task_producer_is_still_cancelled(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A close cancelled while the producer stops (the application's stop cancelled) ends
+    cancelled, with no release (it would warn of each step it cannot do to this stand-in):
+    the cancel is the caller's, not a failed stop."""
+
+    async def scenario() -> None:
+        began = asyncio.Event()
+
+        class SlowStop:
+            async def stop(self) -> None:
+                began.set()
+                await asyncio.sleep(60)
+
+        closing_it = asyncio.ensure_future(
+            runtime_transactions._close(SlowStop(), abort=False)  # type: ignore[arg-type]
+        )
+        await began.wait()
+        closing_it.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await closing_it
+
+    with caplog.at_level(logging.WARNING, "streamassign"):
+        asyncio.run(asyncio.wait_for(scenario(), 5.0))
+    assert [r.getMessage() for r in caplog.records if r.name.startswith("streamassign")] == []
 
 
 def test_a_cut_abort_of_a_task_producer_leaves_nothing_running(

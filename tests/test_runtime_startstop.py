@@ -47,6 +47,8 @@ class Clients:
         self.failing: Callable[[Any], bool] = lambda client: False
         self.unwind: asyncio.Event | None = None
         self.cancelled: list[Any] = []
+        self.unwind_outlives_a_cancel = False
+        self.recancelled: list[Any] = []
         self._starting: set[int] = set()
         self._stopping: set[int] = set()
         for cls in (AIOKafkaConsumer, AIOKafkaProducer):
@@ -69,13 +71,20 @@ class Clients:
 
     async def _held(self, client: Any, hold: asyncio.Event) -> None:
         """Wait for ``hold``; cancelled, first wait for ``unwind`` if set (a start whose
-        cleanup awaits)."""
+        cleanup awaits; with ``unwind_outlives_a_cancel``, one that goes on when cancelled
+        once more, recorded in ``recancelled``)."""
         try:
             await hold.wait()
         except asyncio.CancelledError:
             self.cancelled.append(client)
             if self.unwind is not None:
-                await self.unwind.wait()
+                try:
+                    await self.unwind.wait()
+                except asyncio.CancelledError:
+                    if not self.unwind_outlives_a_cancel:
+                        raise
+                    self.recancelled.append(client)
+                    await self.unwind.wait()
             raise
 
     def _stopper(self, stop: Callable[[Any], Awaitable[None]]) -> Callable[[Any], Any]:
@@ -196,7 +205,8 @@ def test_a_coordinator_failure_in_the_turn_of_the_stop_is_logged(
     tmp_path: Path, clients: Clients, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A consumer's first assignment fails (its group coordinator) in the same turn of the
-    loop as the stop: the stop wins, and the failure is logged at DEBUG, not dropped."""
+    loop as the stop: the stop wins, and the failure is shown, not dropped: logged once at
+    WARNING (``App.run`` only logs the stopped start at INFO) and the error's cause."""
     host = ProcessHost(ONE, bootstrap_servers="127.0.0.1:1", state_dir=tmp_path)
 
     async def scenario() -> None:
@@ -208,13 +218,15 @@ def test_a_coordinator_failure_in_the_turn_of_the_stop_is_logged(
         stopping = asyncio.ensure_future(host.stop())
         async with asyncio.timeout(DEADLINE):
             await stopping
-        with pytest.raises(StartStoppedError):
+        with pytest.raises(StartStoppedError) as stopped:
             starting.result()
+        assert repr(stopped.value.__cause__) == "RuntimeError('coordinator died')"
 
-    with caplog.at_level(logging.DEBUG, logger="streamassign.aiokafka"):
+    with caplog.at_level(logging.WARNING, logger="streamassign.aiokafka"):
         asyncio.run(scenario())
-    assert "first assignment failed as the host stopped" in caplog.text
-    assert "coordinator died" in caplog.text
+    assert [r.getMessage() for r in caplog.records if "coordinator died" in r.getMessage()] == [
+        "a consumer's first assignment failed as the host stopped: RuntimeError('coordinator died')"
+    ]
     assert clients.left_running() == [] and clients.stopped_twice() == []
 
 
@@ -474,29 +486,44 @@ def test_a_second_stop_while_the_first_one_s_cut_expires_stops_every_client(
 
 
 def test_a_stop_while_failed_starts_unwind_waits_for_them(
-    tmp_path: Path, clients: Clients, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path,
+    clients: Clients,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     """The restore reader's start fails and the other starts, cancelled, still unwind when
-    a stop comes: the start still waits for them (the stop wins: ``StartStoppedError``), so
-    the stop stops no client that is still starting."""
+    a stop comes: the stop's cut is passed on to them, and the start still waits for them
+    (the stop wins: ``StartStoppedError``), so the stop stops no client that is still
+    starting. The failure is not hidden: it is the error's cause, and logged once at
+    WARNING (``run()`` only logs the stopped start at INFO)."""
     Steps(monkeypatch)
     app = make_app(tmp_path)
-    clients.hold, clients.unwind = asyncio.Event(), asyncio.Event()  # hold: never set
+    unwind = clients.unwind = asyncio.Event()
+    clients.hold, clients.unwind_outlives_a_cancel = asyncio.Event(), True  # hold: never set
     clients.failing = lambda client: client is app._clients.restorer
 
     async def scenario() -> None:
         starting = asyncio.ensure_future(app.start())
         await until(lambda: len(clients.cancelled) == 2)
         stopping = asyncio.ensure_future(app.stop())
-        await loop_turns(3)  # the stop's cut lands while the failed start waits
-        assert clients.unwind is not None and not starting.done()
-        clients.unwind.set()
+        try:  # (the unwinds end, should this fail: asyncio.run cancels them only once)
+            await until(lambda: len(clients.recancelled) == 2)  # the cut, passed on
+            await loop_turns(3)
+            assert not starting.done()
+        finally:
+            unwind.set()
         async with asyncio.timeout(DEADLINE):
             await stopping
-        with pytest.raises(StartStoppedError):
+        with pytest.raises(StartStoppedError) as stopped:
             starting.result()
+        assert isinstance(stopped.value.__cause__, KafkaConnectionError)
 
-    asyncio.run(scenario())
+    with caplog.at_level(logging.WARNING, logger="streamassign.runtime"):
+        asyncio.run(scenario())
+    assert [r.getMessage() for r in caplog.records if "start failed" in r.getMessage()] == [
+        "a client's start failed as the start was stopped: KafkaConnectionError("
+        "\"Unable to bootstrap from [('127.0.0.1', 1)]\")"
+    ]
     assert clients.stopped_starting == []
     assert app._clients.producer is not None and app._clients.producer._closed
 
@@ -585,3 +612,177 @@ def test_an_app_stopped_after_its_start_cannot_start_again(
 
     asyncio.run(scenario())
     assert len(clients.started) == 4 and clients.left_running() == []
+
+
+# -- the clients' starts together (_all_or_none) -------------------------------------------------
+
+
+async def refused() -> None:
+    raise KafkaConnectionError("Unable to bootstrap from [('127.0.0.1', 1)]")
+
+
+@pytest.mark.parametrize("turn", ["same turn", "turn after"])
+def test_a_cancel_as_a_start_fails_wins_and_keeps_the_failure(
+    caplog: pytest.LogCaptureFixture, turn: str
+) -> None:
+    """A cancel (a stop's cut, Ctrl-C) landing in the turn after a start failed, before the
+    starts' gather woke its waiter, comes out of the gather in place of the failure (the
+    failure was lost without a line); one landing in the failure's own turn, before the
+    gather's callback ran, is taken by the gather, which ends with the failure (the stop
+    then raised the failure, Ctrl-C no KeyboardInterrupt). Either way the cancel wins,
+    raised from the failure, which is logged once at WARNING."""
+
+    async def scenario() -> None:
+        loop = asyncio.get_running_loop()
+        job: asyncio.Future[None] | None = None
+
+        async def refused_then_cancel() -> None:
+            # Queued before the gather's callbacks: the cancel lands before them, or in the
+            # turn after them, once the gather is done and before its waiter runs.
+            assert job is not None
+            if turn == "same turn":
+                loop.call_soon(job.cancel)
+            else:
+                loop.call_soon(loop.call_soon, job.cancel)
+            await refused()
+
+        job = asyncio.ensure_future(
+            app_module._all_or_none([refused_then_cancel(), asyncio.Event().wait()])
+        )
+        with pytest.raises(asyncio.CancelledError) as cancelled:
+            async with asyncio.timeout(DEADLINE):
+                await job
+        assert isinstance(cancelled.value.__cause__, KafkaConnectionError)
+
+    with caplog.at_level(logging.WARNING, logger="streamassign.runtime"):
+        asyncio.run(scenario())
+    assert [r.getMessage() for r in caplog.records] == [
+        "a client's start failed as the start was stopped: KafkaConnectionError("
+        "\"Unable to bootstrap from [('127.0.0.1', 1)]\")"
+    ]
+
+
+def test_a_cancel_after_a_start_failed_reaches_a_start_that_caught_the_first() -> None:
+    """A start failed and the others were cancelled; one catches that cancel and goes on
+    (a cleanup that awaits). A later cancel (Ctrl-C) is passed on to it, as before any
+    failure, rather than held until that start ends by itself."""
+    seen: list[str] = []
+
+    async def catches_the_first_cancel() -> None:
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            seen.append("first cancel")
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            seen.append("second cancel")
+            raise
+
+    async def scenario() -> None:
+        job = asyncio.ensure_future(
+            app_module._all_or_none([refused(), catches_the_first_cancel()])
+        )
+        await until(lambda: seen == ["first cancel"])
+        job.cancel()
+        await asyncio.wait([job], timeout=DEADLINE)  # (awaited, a held job would hold this)
+        assert job.done(), "the cancel was held"
+        with pytest.raises(asyncio.CancelledError) as cancelled:
+            job.result()
+        assert isinstance(cancelled.value.__cause__, KafkaConnectionError)
+
+    asyncio.run(scenario())
+    assert seen == ["first cancel", "second cancel"]
+
+
+def test_the_failure_kept_is_the_first_not_one_a_cancel_caused() -> None:
+    """A start fails; another, cancelled for it, fails in its own unwind once a stop's cut
+    reaches it. The failure raised as the cancel's cause (and logged) is the first one, the
+    cause of the stop, not the unwind's, whatever the order the starts were listed in."""
+    unwinding = asyncio.Event()
+
+    async def fails_in_its_unwind() -> None:
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            unwinding.set()
+            try:
+                await asyncio.Event().wait()
+            except asyncio.CancelledError:
+                raise RuntimeError("its cleanup failed") from None
+
+    async def scenario() -> None:
+        job = asyncio.ensure_future(app_module._all_or_none([fails_in_its_unwind(), refused()]))
+        await until(unwinding.is_set)
+        job.cancel()
+        with pytest.raises(asyncio.CancelledError) as cancelled:
+            async with asyncio.timeout(DEADLINE):
+                await job
+        assert isinstance(cancelled.value.__cause__, KafkaConnectionError)
+
+    asyncio.run(scenario())
+
+
+def test_a_cancel_after_the_failure_keeps_the_first_failure_as_cause() -> None:
+    """A cancel landing in the turn after the starts' gather ended with a start's failure
+    wakes the caller in the failure's place, while a start listed earlier turned its own
+    cancel into an error: the cause kept is still the failure the gather ended with."""
+
+    async def errors_on_its_cancel() -> None:
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            raise RuntimeError("its cleanup failed") from None
+
+    async def scenario() -> None:
+        loop = asyncio.get_running_loop()
+        job: asyncio.Future[None] | None = None
+
+        async def refused_then_cancel() -> None:
+            assert job is not None
+            loop.call_soon(loop.call_soon, job.cancel)  # the turn after the gather's
+            await refused()
+
+        job = asyncio.ensure_future(
+            app_module._all_or_none([errors_on_its_cancel(), refused_then_cancel()])
+        )
+        with pytest.raises(asyncio.CancelledError) as cancelled:
+            async with asyncio.timeout(DEADLINE):
+                await job
+        assert isinstance(cancelled.value.__cause__, KafkaConnectionError)
+
+    asyncio.run(scenario())
+
+
+def test_cancels_without_a_failure_raise_no_cause_and_no_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """No start failed: a start swallowing the first cancels and a second Ctrl-C end it as
+    a plain cancel; no cancel is ever logged or kept as a start's failure."""
+
+    async def swallows_two_cancels() -> None:
+        swallowed = 0
+        while True:
+            try:
+                await asyncio.Event().wait()
+            except asyncio.CancelledError:
+                if swallowed == 2:
+                    raise
+                swallowed += 1
+
+    async def scenario() -> None:
+        job = asyncio.ensure_future(
+            app_module._all_or_none([swallows_two_cancels(), asyncio.Event().wait()])
+        )
+        await loop_turns(3)
+        job.cancel()
+        await loop_turns(5)
+        job.cancel()
+        with pytest.raises(asyncio.CancelledError) as cancelled:
+            async with asyncio.timeout(DEADLINE):
+                await job
+        assert cancelled.value.__cause__ is None
+
+    with caplog.at_level(logging.WARNING, logger="streamassign.runtime"):
+        asyncio.run(scenario())
+    assert caplog.records == []

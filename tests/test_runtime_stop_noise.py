@@ -253,3 +253,62 @@ def test_a_client_stop_that_fails_is_released_as_a_cut_one(
         "consumer 0 did not stop cleanly (RuntimeError('the coordination task failed')): left"
         in caplog.text
     )
+
+
+class LateRoutine:
+    """aiokafka's fetcher whose fetch routine swallows its cancel and runs on until
+    ``let_go`` (the assignment-lost branch awaits before it looks again), with 3 fetches
+    pending; ``close`` is recorded."""
+
+    def __init__(self, closed: list[str]) -> None:
+        self.let_go = asyncio.Event()
+        self.closed = closed
+        self._fetch_task = asyncio.ensure_future(self._routine())
+        self.fetches = [asyncio.ensure_future(asyncio.Event().wait()) for _ in range(3)]
+        self._pending_tasks = set(self.fetches)
+
+    async def _routine(self) -> None:
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            await self.let_go.wait()
+
+    async def close(self) -> None:
+        self.closed.append("fetcher")
+
+
+def test_a_fetch_routine_outliving_its_wait_still_has_every_fetch_cancelled(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The fetch routine does not end within its wait: every pending fetch is still
+    cancelled and dropped (else each ran on after the release, retrying), the step's error
+    names the routine, and the release warns of it once and goes on with its next steps."""
+    monkeypatch.setattr(closing, "RELEASE_STEP_TIMEOUT", 0.04)  # each wait: 10 ms
+    closed: list[str] = []
+
+    async def release() -> None:
+        fetcher = LateRoutine(closed)
+        await asyncio.sleep(0)  # the routine and fetches are waiting
+        with pytest.raises(TimeoutError, match=r"^1 fetch routine did not end$"):
+            await closing._end_fetches(fetcher)
+        assert all(fetch.cancelled() for fetch in fetcher.fetches)
+        assert fetcher._pending_tasks == set()
+        late = LateRoutine(closed)
+        await asyncio.sleep(0)
+        consumer = SimpleNamespace(
+            _coordinator=Stopped(), _fetcher=late, _client=Closes(closed, "client")
+        )
+        await closing.release_consumer("consumer 0", consumer, LOG)
+        assert all(fetch.cancelled() for fetch in late.fetches)
+        assert late._pending_tasks == set()
+        for ended in (fetcher, late):
+            ended.let_go.set()
+            await asyncio.wait([ended._fetch_task])
+
+    with caplog.at_level(logging.WARNING, "t"):
+        asyncio.run(asyncio.wait_for(release(), 5.0))
+    assert closed == ["fetcher", "client"]
+    assert [r.getMessage() for r in caplog.records if r.name == "t"] == [
+        "consumer 0: could not end its fetches after its stop was cut "
+        "(TimeoutError('1 fetch routine did not end'))"
+    ]

@@ -60,7 +60,7 @@ async def stop_within(name: str, client: Stoppable, abandoned: str, log: logging
         )
         return False
     except asyncio.CancelledError:
-        if _cancelled_itself():
+        if cancelled_itself():
             raise
         log.warning("%s did not stop cleanly (its stop raised CancelledError): %s", name, abandoned)
         return False
@@ -100,9 +100,11 @@ async def _end_fetches(fetcher: Any) -> None:
     awaits the fetches one at a time, and one in its retry backoff (the broker away) raises
     the cancel back, which ends the close there, the fetches after it still running (and
     logging "Failed fetch messages"). Dropped, the close does not await them again (nor
-    raise their cancel again). A fetcher without those attributes (another aiokafka
-    version; ``tests/test_runtime_release.py`` checks the installed one has them) is left
-    to its close."""
+    raise their cancel again). A routine that does not end in its wait (it caught the
+    cancel) still has its fetches cancelled, then the wait's ``TimeoutError`` is raised.
+    A fetcher without those attributes (another aiokafka version;
+    ``tests/test_runtime_release.py`` checks the installed one has them) is left to its
+    close."""
     routine = getattr(fetcher, "_fetch_task", None)
     pending = getattr(fetcher, "_pending_tasks", None)
     if not isinstance(routine, asyncio.Future) or not isinstance(pending, set):
@@ -279,17 +281,18 @@ async def _release(
                 if inspect.isawaitable(result):
                     await result
         except asyncio.CancelledError:
-            if _cancelled_itself():
+            if cancelled_itself():
                 raise
             log.warning("%s: could not %s after its stop was cut (CancelledError)", name, what)
         except Exception as exc:
             log.warning("%s: could not %s after its stop was cut (%r)", name, what, exc)
 
 
-def _cancelled_itself() -> bool:
+def cancelled_itself() -> bool:
     """Whether the running task is being cancelled, rather than a ``CancelledError`` coming
     out of what it awaited: aiokafka's fetcher re-raises its fetch tasks' cancellation from
-    its close (the broker away), which must not end a stop and skip what follows it
-    (releasing the client, the stop's next steps)."""
+    its close (the broker away), a producer's stop a request task's that its sender awaited,
+    which must not end a stop and skip what follows it (releasing the client, the stop's
+    next steps)."""
     running = asyncio.current_task()
     return running is not None and running.cancelling() > 0

@@ -956,13 +956,14 @@ class ProcessHost:
             assigned.cancel()  # no-op once done; else this task was cancelled: stop waiting
         if self._stopping:  # asked while waiting, or in the turn the last assignment came
             failure = None if assigned.cancelled() else assigned.exception()
-            if failure is not None and not isinstance(failure, asyncio.CancelledError):
-                # The stop was asked for and wins; a coordinator failure is only noted.
-                log.debug("a consumer's first assignment failed as the host stopped: %r", failure)
+            if isinstance(failure, asyncio.CancelledError):
+                failure = None
+            if failure is not None:  # the stop was asked for and wins; the failure is shown
+                log.warning("a consumer's first assignment failed as the host stopped: %r", failure)
             raise StartStoppedError(
                 "the process host's start was stopped while its consumers waited for their "
                 "first assignment"
-            )
+            ) from failure
         assigned.result()  # a consumer's group coordinator failed
 
     def begin_stop(self) -> None:

@@ -7,7 +7,7 @@ from typing import Any
 
 from faust.types.enums import ProcessingGuarantee
 
-__all__ = ["aiokafka_consumer", "exactly_once", "faust_version"]
+__all__ = ["aiokafka_consumer", "exactly_once", "faust_version", "recovery_interrupted"]
 
 
 def aiokafka_consumer(app: Any) -> Any:
@@ -28,3 +28,15 @@ def faust_version() -> str:
         return importlib.metadata.version("faust-streaming")
     except importlib.metadata.PackageNotFoundError:
         return "version unknown"
+
+
+def recovery_interrupted(app: Any) -> bool:
+    """Whether Faust's table recovery has been told to start over (a join's
+    ``signal_recovery_start``, cleared when it does). Told while it waits for the actives, it
+    raises out of that wait into an ``except Exception`` (faust-streaming 0.12-0.15), and with
+    no standby partition to start its next step sends ``on_rebalance_complete`` for the
+    unfinished restore; it notices at the wait after, before it sets ``completed``. Such an
+    announcement completes nothing."""
+    recovery = getattr(app.tables, "recovery", None)
+    restart = getattr(recovery, "signal_recovery_start", None)
+    return restart is not None and bool(restart.is_set())

@@ -65,7 +65,7 @@ from ..protocol import (
 )
 from ..repeats import Repeats
 from ..streams import FAUST_PROTOCOL_NAME
-from ._app import aiokafka_consumer
+from ._app import aiokafka_consumer, recovery_interrupted
 from ._damaged import (
     Aside,
     DamagedTable,
@@ -945,9 +945,14 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
 
     def _on_recovery_completed(self, sender: Any = None, **kwargs: Any) -> None:
         """Faust's ``on_rebalance_complete``, sent (on the main thread) just before its
-        recovery sets ``completed``: note the membership it completes in. Never raises: an
-        error would go through Faust's ``Signal.send`` and stop its recovery."""
+        recovery sets ``completed``: note the membership it completes in, unless the restore
+        was interrupted (``recovery_interrupted``: a worker whose earlier completion a reset
+        voided would count it in its new membership, with the restore unfinished). Never
+        raises: an error would go through Faust's ``Signal.send`` and stop its recovery."""
         try:
+            if recovery_interrupted(self.app):
+                log.debug("Faust's recovery announced the completion of an interrupted restore")
+                return
             member = membership(self._consumer())
         except Exception:
             log.exception(

@@ -60,7 +60,7 @@ from ..aiokafka.closing import release_consumer, retrieve_failure, stop_within
 from ..aiokafka.floods import BrokerAwayLines
 from ..aiokafka.rejoin import current_assignment, fetch_states, member_id, membership, rewind
 from ..repeats import Repeats
-from ._app import exactly_once
+from ._app import exactly_once, recovery_interrupted
 from ._eos import warn_if_exactly_once
 from ._flowstop import ASSIGNING, JOINING, RECOVERING, REVOKING, FlowStop, Step
 from ._proven import ProvenOffsets, changelog_stores, proofs_file
@@ -554,11 +554,16 @@ class _Consumer(faust_aiokafka.Consumer):
         self.proven_offsets.assigned(self._assigned_as, actives, changelog_stores(self.app))
 
     def _on_recovery_completed(self, sender: Any = None, **kwargs: Any) -> None:
-        """Faust's ``on_rebalance_complete``: its recovery read the held offsets."""
+        """Faust's ``on_rebalance_complete``: its recovery read the held offsets, unless the
+        restore was interrupted (``recovery_interrupted``), which proves nothing: each later
+        membership loss would rewind the restore to that join's offsets, and a worker losing
+        its membership again and again would restore the same records for ever. Faust
+        announces a completion again, its signal clear, once a restore has really ended."""
         self._proven_hook(self._prove_recovery)
 
     def _prove_recovery(self) -> None:
-        self.proven_offsets.recovered(changelog_stores(self.app))
+        if not recovery_interrupted(self.app):
+            self.proven_offsets.recovered(changelog_stores(self.app))
 
     async def _commit(self, offsets: Mapping[TP, int]) -> bool:
         """Faust's; a commit that succeeds under the member id of the current assignment

@@ -540,12 +540,15 @@ class App:
         try:
             async with cut:
                 await _all_or_none(starts)
-        except TimeoutError:
+        except TimeoutError as exc:
             if not cut.expired():  # raised by a start itself
                 raise
+            # asyncio.timeout raised this from the cut's CancelledError, which _all_or_none
+            # raised from a start's failure, if one failed.
+            cancel = exc.__cause__
             raise StartStoppedError(
                 "the application's start was stopped while its clients started"
-            ) from None
+            ) from (cancel.__cause__ if cancel is not None else None)
         finally:
             self._clients_cut = None
 
@@ -1585,20 +1588,64 @@ def _with_reason(exc: KafkaConnectionError, failure: ConnectFailure | None) -> K
 async def _all_or_none(starts: Sequence[Coroutine[Any, Any, None]]) -> None:
     """Run ``starts`` together; the first failure (or a cancel) cancels the others and is
     raised once every one has ended: a start left running would finish after its client
-    was stopped, or never end (a producer asking for its id while the broker is away)."""
+    was stopped, or never end (a producer asking for its id while the broker is away).
+    Each later cancel (a stop's cut, Ctrl-C) is passed on to the starts still running, as
+    ``gather`` passes each on before a failure: a start that caught the first must not
+    hold the stop. A cancel wins over a failure (the stop was asked for), which is then
+    logged once at WARNING and raised as the cancel's ``__cause__``."""
+    cancels_before = _cancels_asked()
     running = [asyncio.ensure_future(start) for start in starts]
+    gathered = asyncio.gather(*running)
     try:
-        await asyncio.gather(*running)
-    except BaseException as failure:
+        await gathered
+    except BaseException as first:
+        # A cancel in the turn after a start failed comes out of the gather in its place.
+        cancel = first if isinstance(first, asyncio.CancelledError) else None
         for task in running:
             task.cancel()
-        cancel: asyncio.CancelledError | None = None
         while not all(task.done() for task in running):
             try:
                 await asyncio.wait(running)  # (their failures are retrieved by the gather)
             except asyncio.CancelledError as exc:  # a stop's cut or Ctrl-C: raised after
                 cancel = exc
-        if cancel is not None:  # the stop (or Ctrl-C) wins over the failure
-            log.debug("a client's start failed as the start was cut: %r", failure)
-            raise cancel from failure
-        raise
+                for task in running:
+                    task.cancel()
+        if cancel is None and _cancels_asked() > cancels_before:
+            # A cancel in the same turn as the failure, before the gather's callback ran:
+            # the gather took it and ended with the failure; only the task's count keeps it.
+            cancel = asyncio.CancelledError()
+        if cancel is None:
+            raise
+        # The gather's own outcome first: a cancel in the turn after it ended with the
+        # failure replaced only what this task was woken with.
+        failure = _first_failure(gathered)
+        if failure is None:
+            failure = _start_failure(running)
+        if failure is None:
+            raise cancel from None
+        log.warning("a client's start failed as the start was stopped: %r", failure)
+        raise cancel from failure
+
+
+def _first_failure(gathered: asyncio.Future[Any]) -> BaseException | None:
+    """The failure ``gathered`` ended with, if it ended with one other than a cancel."""
+    if not gathered.done() or gathered.cancelled():
+        return None
+    failure = gathered.exception()
+    return None if isinstance(failure, asyncio.CancelledError) else failure
+
+
+def _cancels_asked() -> int:
+    """How many cancels were asked of the current task and not yet taken back."""
+    task = asyncio.current_task()
+    return task.cancelling() if task is not None else 0
+
+
+def _start_failure(starts: Sequence[asyncio.Future[None]]) -> BaseException | None:
+    """The first failure other than a cancel among ended ``starts``, if any."""
+    for start in starts:
+        if start.done() and not start.cancelled():
+            failure = start.exception()
+            if failure is not None and not isinstance(failure, asyncio.CancelledError):
+                return failure
+    return None

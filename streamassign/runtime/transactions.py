@@ -252,8 +252,10 @@ class TaskProducers:
 
 async def _close(producer: AIOKafkaProducer, abort: bool) -> None:
     """Abort (best effort: a fenced producer cannot) and stop, bounded by
-    ``closing.CLOSE_TIMEOUT``; cut, what the stop left running is released (the next
-    owner's init fences its transaction, but its sender and connections would run on)."""
+    ``closing.CLOSE_TIMEOUT``; cut, or failed (a ``CancelledError`` raised while this close
+    is not cancelled too, as in ``closing.stop_within``), what the stop left running is
+    released (the next owner's init fences its transaction, but its sender and connections
+    would run on)."""
     try:
         async with asyncio.timeout(closing.CLOSE_TIMEOUT):
             if abort:
@@ -269,6 +271,11 @@ async def _close(producer: AIOKafkaProducer, abort: bool) -> None:
             "unacknowledged writes are abandoned",
             closing.CLOSE_TIMEOUT,
         )
+        await closing.release_producer("a task's producer", producer, log)
+    except asyncio.CancelledError:  # a request task's, which its sender awaited
+        if closing.cancelled_itself():
+            raise
+        log.warning("a task's producer did not close cleanly (its stop raised CancelledError)")
         await closing.release_producer("a task's producer", producer, log)
     except Exception as exc:  # the broker aborts it at the next owner's init or its timeout
         log.warning("a task's producer did not close cleanly (%r)", exc)

@@ -3,12 +3,14 @@
 Another member of the group holds the rebalance the App's consumer asks for: it joined first,
 and its rebalance callback does not return, so the broker keeps the App's JoinGroup waiting
 until that member's rebalance timeout (a minute). ``stop()`` (a SIGTERM handler's) must end
-``start()`` and ``run()`` well before that.
+``start()`` and ``run()`` well before that, also when one of the App's consumers already had
+its first assignment.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -24,7 +26,8 @@ from aiokafka.coordinator.protocol import (
 )
 
 from streamassign import Subtopology, Topology
-from streamassign.aiokafka import closing
+from streamassign.aiokafka import ProcessHost, TaskListener, closing
+from streamassign.aiokafka.rejoin import current_assignment
 from streamassign.aiokafka.streams import PROTOCOL_NAME
 from streamassign.runtime import App
 
@@ -156,3 +159,91 @@ def test_stop_ends_a_start_whose_join_the_group_holds(
             await holder.stop()
 
     asyncio.run(scenario())
+
+
+class HoldingOnceArmed(TaskListener):
+    """A process host's listener whose consumer, once ``armed``, returns from the start of a
+    rebalance only once ``release`` is set: the group's rebalance waits meanwhile."""
+
+    def __init__(self) -> None:
+        self.armed = False
+        self.release = asyncio.Event()
+
+    async def on_rebalance_started(self, consumer: int) -> None:
+        if self.armed:
+            await self.release.wait()
+
+
+def test_stop_ends_a_start_with_one_consumer_assigned_and_the_other_held(
+    kafka_bootstrap: str,
+    kafka_topic_factory: Any,
+    kafka_group_id_factory: Any,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """An App with 2 consumers: the first joins and has its first assignment, then the
+    second's join is held by another process of the group (its rebalance callback does not
+    return; the first consumer's rejoin waits with it). ``stop()`` ends the start, and
+    ``run()`` returns without error, every consumer closed."""
+    monkeypatch.setattr(closing, "CLOSE_TIMEOUT", 2.0)
+    source = kafka_topic_factory(2)
+    group = kafka_group_id_factory("startstop-partial")
+    topology = Topology([Subtopology(0, [source])], name=group)
+    app = App(
+        topology,
+        {0: Nothing},
+        bootstrap_servers=kafka_bootstrap,
+        state_dir=tmp_path / "app",
+        store_kind="memory",
+        threads=2,
+    )
+    holding = HoldingOnceArmed()
+    other = ProcessHost(
+        topology,
+        bootstrap_servers=kafka_bootstrap,
+        state_dir=tmp_path / "other",
+        listener=holding,
+        consumer_config={"max_poll_interval_ms": HOLD_MS},  # its rebalance timeout
+    )
+    second_may_join = asyncio.Event()
+    joins: list[asyncio.Future[None]] = []
+    subscribe = AIOKafkaConsumer.subscribe
+
+    def second_joins_later(consumer: AIOKafkaConsumer, *args: Any, **kwargs: Any) -> None:
+        if consumer not in app.host.consumers[1:]:
+            subscribe(consumer, *args, **kwargs)
+            return
+
+        async def later() -> None:
+            await second_may_join.wait()
+            subscribe(consumer, *args, **kwargs)
+
+        joins.append(asyncio.ensure_future(later()))
+
+    monkeypatch.setattr(AIOKafkaConsumer, "subscribe", second_joins_later)
+
+    async def scenario() -> None:
+        await asyncio.wait_for(other.start(), 30)
+        try:
+            running = asyncio.ensure_future(app.run())
+            await until(lambda: len(app.host.consumers) == 2, 30)
+            first, second = app.host.consumers
+            await until(lambda: current_assignment(first) is not None, 30)
+            holding.armed = True
+            second_may_join.set()  # its JoinGroup starts the rebalance the other holds
+            await until_state(kafka_bootstrap, group, "PreparingRebalance")
+            assert current_assignment(second) is None and not running.done()
+            handler = asyncio.ensure_future(app.stop())  # a SIGTERM handler's
+            await asyncio.wait_for(running, STOP_DEADLINE)  # returns: no error raised
+            await asyncio.wait_for(handler, 1)
+            assert await group_state(kafka_bootstrap, group) == "PreparingRebalance"
+            assert app.failure is None and app.host.consumers == []
+            assert first._closed and second._closed
+        finally:
+            holding.release.set()
+            await other.stop()
+
+    with caplog.at_level(logging.INFO, logger="streamassign.runtime"):
+        asyncio.run(scenario())
+    assert "the start was stopped (stop() was called while starting)" in caplog.text
