@@ -41,14 +41,12 @@ PID = re.compile(r"^\[[^]]*\] \[(\d+)\]")
 
 def crashes(cluster: FaustCluster) -> list[str]:
     """Every worker log line that says Faust crashed: a ``ConsistencyError`` always; other
-    crash lines only of a process that Faust's own exactly_once crash did not end (that one
-    logs its consequences after it: cancelled agents, a producer no longer running)."""
+    crash lines only of a process whose first crash was not Faust's own exactly_once crash
+    (that one logs its consequences after it: cancelled agents, a producer not running)."""
     found = []
     for log in sorted(cluster.tmp.glob("*.log")):
         lines = log.read_text(errors="replace").splitlines()
-        ended_by_faust = {
-            pid for line in lines if FAUST_EOS_CRASH.search(line) for pid in _pid(line)
-        }
+        ended_by_faust = _ended_by_faust(lines)
         found += [
             f"{log.stem}: {line}"
             for line in lines
@@ -56,6 +54,16 @@ def crashes(cluster: FaustCluster) -> list[str]:
             and ("ConsistencyError" in line or not set(_pid(line)) & ended_by_faust)
         ]
     return found
+
+
+def _ended_by_faust(lines: list[str]) -> set[str]:
+    """The process ids in ``lines`` whose first crash line is Faust's own exactly_once one."""
+    first: dict[str, str] = {}
+    for line in lines:
+        if "Crashed reason=" in line:
+            for pid in _pid(line):
+                first.setdefault(pid, line)
+    return {pid for pid, line in first.items() if FAUST_EOS_CRASH.search(line)}
 
 
 def _pid(line: str) -> list[str]:
@@ -66,15 +74,21 @@ def _pid(line: str) -> list[str]:
 def settle_supervised(
     cluster: FaustCluster, superseded: dict[str, list[JsonLinesProcess]]
 ) -> dict[str, Any]:
-    """``settle``, restarting a worker that exited on Faust's own exactly_once crash as its
-    supervisor would (up to twice; the ended processes kept in ``superseded``); any other
+    """``settle``, restarting a worker whose process Faust's own exactly_once crash ended, as
+    its supervisor would (up to twice; the ended processes kept in ``superseded``); any other
     exit or crash, a ``ConsistencyError`` above all, fails the test."""
     for _ in range(2):
         try:
             return cluster.settle(standbys=1)
         except AssertionError:
+            ended_by_faust = {
+                pid
+                for log in cluster.tmp.glob("*.log")
+                for pid in _ended_by_faust(log.read_text(errors="replace").splitlines())
+            }
             exited = [name for name, p in cluster.procs.items() if p.proc.poll() is not None]
-            if not exited or crashes(cluster) or not cluster.log_lines(FAUST_EOS_CRASH):
+            ours = [n for n in exited if str(cluster.procs[n].proc.pid) not in ended_by_faust]
+            if not exited or ours or crashes(cluster):
                 raise
             for name in exited:
                 ended = cluster.procs.pop(name)
