@@ -18,7 +18,6 @@ not gated on the version; whoever widens the supported range past a Faust that f
 
 from __future__ import annotations
 
-import importlib.metadata
 import logging
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -27,6 +26,8 @@ import attrs
 from faust import stores as faust_stores
 from faust.stores.rocksdb import Store as RocksDBStore
 from faust.tables.sets import ChangeloggedSetManager, SetTable
+
+from ._app import faust_version
 
 __all__ = ["SetTableStorage", "set_tables_on_disk", "warn_about_set_tables"]
 
@@ -119,7 +120,7 @@ def _log_lost_members(on_disk: Sequence[SetTableStorage]) -> None:
         "" if len(on_disk) == 1 else "s",
         ", ".join(t.describe() for t in on_disk),
         "is" if len(on_disk) == 1 else "are",
-        _faust_version(),
+        faust_version(),
     )
 
 
@@ -135,10 +136,3 @@ def _log_empty_at_restart(typed: Sequence[SetTableStorage]) -> None:
         ", ".join(f"{t.name} (value_type={t.value_type})" for t in typed),
         "s" if len(typed) == 1 else "",
     )
-
-
-def _faust_version() -> str:
-    try:
-        return importlib.metadata.version("faust-streaming")
-    except importlib.metadata.PackageNotFoundError:
-        return "version unknown"

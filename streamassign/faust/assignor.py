@@ -76,6 +76,7 @@ from ._damaged import (
     is_newer_format_status,
     partition_dirs,
 )
+from ._eos import warn_if_exactly_once
 from ._settables import warn_about_set_tables
 from ._stores import disk_store, keeps_state_on_disk
 from ._watch import JoinErrors, MetadataWatch, unsized
@@ -177,17 +178,19 @@ class RecoveryScope:
         return bool(member_id) and member_id == self.completed_as
 
 
-def _warn_unless_our_transport(app: Any) -> None:
+def _warn_unless_our_transport(app: Any) -> bool:
     """One WARNING when the app's consumer does not run the ``streamassign://`` transport:
     Faust's own ``kafka://`` drops records around rebalances (Faust 0.15.3; docs/faust.md
     "Exactness"); a soak run lost 12 records with it under load, none with ours. Not
-    refused: a rolling switch from Faust's assignor may run ``kafka://`` for a while."""
+    refused: a rolling switch from Faust's assignor may run ``kafka://`` for a while.
+    Whether it runs ours (an app not configured yet counts as ours: nothing is said)."""
     try:
         transport_class = _consumer_transport_class(app)
         url = app.conf.broker_consumer[0]
     except Exception:  # an app not configured yet (or a stand-in): nothing to say
-        return
-    if not issubclass(transport_class, Transport):
+        return True
+    ours = issubclass(transport_class, Transport)
+    if not ours:
         log.warning(
             "this worker consumes with %s (broker_consumer %s), Faust's own transport, which "
             "can drop records around rebalances (Faust 0.15.3); use "
@@ -196,6 +199,7 @@ def _warn_unless_our_transport(app: Any) -> None:
             f"{transport_class.__module__}.{transport_class.__qualname__}",
             url,
         )
+    return ours
 
 
 def _consumer_transport_class(app: Any) -> type:
@@ -239,7 +243,8 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
         _check_capacity(self.capacity)
         self.app = app
         self.replicas = replicas
-        _warn_unless_our_transport(app)
+        if not _warn_unless_our_transport(app):  # else its consumer's start says it
+            warn_if_exactly_once(app)
         self.rejoiner = Rejoiner()
         #: Re-fetches metadata of subscribed topics this worker has none of (see ``_watch``).
         self.metadata_watch = MetadataWatch()

@@ -61,6 +61,7 @@ from ..aiokafka.floods import BrokerAwayLines
 from ..aiokafka.rejoin import current_assignment, fetch_states, member_id, membership, rewind
 from ..repeats import Repeats
 from ._app import exactly_once, recovery_interrupted
+from ._eos import warn_if_exactly_once
 from ._flowstop import ASSIGNING, JOINING, RECOVERING, REVOKING, FlowStop, Step
 from ._proven import ProvenOffsets, changelog_stores, proofs_file
 from ._stallhold import StallHoldProducer
@@ -89,6 +90,7 @@ class _ConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
     async def on_start(self) -> None:
         if self._broker_away_lines is None:
             self._broker_away_lines = BrokerAwayLines.attach()
+        warn_if_exactly_once(self.app)  # in a worker only, whichever assignor
         await super().on_start()
 
     async def on_thread_stop(self) -> None:
@@ -122,6 +124,20 @@ class _ConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
         consumer = getattr(self, "_consumer", None)  # Faust's, set when the thread starts
         if join_errors is not None and consumer is not None:
             join_errors.joining(consumer)
+
+    async def _highwaters(self, partitions: list[TP]) -> Mapping[TP, int]:
+        """Faust's, but under exactly_once asked of the broker as under at-least-once
+        (ListOffsets; the consumer reads committed, so the answer is the last stable offset),
+        with the same failure: an error out of aiokafka's ``end_offsets``. Faust returns
+        aiokafka's cached last stable offset, which is None until a fetch of the partition
+        has come back in this assignment; its recovery reads None as -1 and raises
+        ``ConsistencyError`` for any table partition with a persisted offset (a standby
+        taking over, a recovery restarted by a rebalance, a restart): the worker crashed, and
+        crashed again after every restart while the group moved."""
+        if not self.consumer.in_transaction:
+            return await super()._highwaters(partitions)
+        ended: Mapping[TP, int] = await self._ensure_consumer().end_offsets(partitions)
+        return ended
 
     def _create_worker_consumer(self, *args: Any, **kwargs: Any) -> Any:
         # (transport) in faust-streaming 0.15, (transport, loop) in older releases.
@@ -472,14 +488,16 @@ class _Consumer(faust_aiokafka.Consumer):
 
     def _rewind_if_lost(self) -> None:
         """Not under exactly_once: Faust commits through its transactions there, never
-        ``_commit`` (nothing would be proven since the last rebalance), and persists a
-        table's offsets only after its transaction committed (``persist_offset_on_commit``),
-        which fences a zombie's: its offsets never pass another worker's writes; such a run
-        removes a leftover proofs file, which its offsets move past. At the first assignment
-        of a run the last run's proofs are taken from the state directory (a zombie killed
-        before it rejoined: ``_proven``), every changelog partition assigned now counting as
-        unproven if that file is garbled. Only the changelog partitions of this assignment
-        (actives and standbys, which Faust opens) are read or rewound (``_proven``)."""
+        ``_commit`` (nothing would be proven since the last rebalance), and never persists an
+        active's changelog offset (faust-streaming 0.15.3 keys ``persist_offset_on_commit``
+        by the changelog partition, ``on_commit`` looks it up by the source partitions): a
+        zombie's own writes do not move its offsets, which only a recovery (a standby's)
+        writes; such a run removes a leftover proofs file, which those offsets move past. At
+        the first assignment of a run the last run's proofs are taken from the state directory
+        (a zombie killed before it rejoined: ``_proven``), every changelog partition assigned
+        now counting as unproven if that file is garbled. Only the changelog partitions of
+        this assignment (actives and standbys, which Faust opens) are read or rewound
+        (``_proven``)."""
         under_transactions = exactly_once(self.app)
         stores = changelog_stores(self.app)
         assignor, changelogs = self.app.assignor, self.app.tables.changelog_topics

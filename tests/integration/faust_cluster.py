@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import signal
 import socket
 import threading
@@ -258,11 +259,15 @@ class FaustCluster:
     def dropped_on_resume(self) -> list[str]:
         """The log lines of records Faust's flow control dropped unprocessed when it resumed
         after a rebalance (``faust_worker.audit_flow_control_resume``), from every worker."""
+        return self.log_lines(re.compile(re.escape(DROPPED_ON_RESUME)))
+
+    def log_lines(self, pattern: re.Pattern[str]) -> list[str]:
+        """Every worker's log lines that ``pattern`` matches, each after its log's name."""
         return [
             f"{log.stem}: {line}"
             for log in sorted(self.tmp.glob("*.log"))
             for line in log.read_text(errors="replace").splitlines()
-            if DROPPED_ON_RESUME in line
+            if pattern.search(line)
         ]
 
     def report(self, lines: int = 60) -> str:

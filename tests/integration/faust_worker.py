@@ -4,7 +4,7 @@
         --datadir DIR --port PORT [--standbys 1] [--assignor ours|faust] [--log FILE]
         [--stateless] [--scheme kafka|streamassign] [--store memory://|rocksdb://]
         [--extra-topic TOPIC] [--side-topic TOPIC] [--repartition] [--no-declare] [--switch]
-        [--start-when FILE]
+        [--start-when FILE] [--eos]
 
 Each record's value is the key's sequence number (a JSON int; JSON-encoded str key). The agent
 appends it to ``counts[key]``, the list of sequence numbers the key's records carried, in a
@@ -34,7 +34,8 @@ offset committed, every source record acked without reaching the agent, every so
 Faust's flow control dropped unprocessed when it resumed after a rebalance
 (``DROPPED_ON_RESUME``, which the tests assert never happens on ``streamassign://``), and with
 ``FAUST_WORKER_LOG_RECORDS=1`` every record the counting agent processed (partition@offset
-key=number).
+key=number). ``--eos`` runs it with ``processing_guarantee="exactly_once"`` (Faust's
+transactions).
 """
 
 from __future__ import annotations
@@ -164,6 +165,7 @@ def build(args: argparse.Namespace) -> faust.App:
         table_cleanup_interval=3600.0,
         topic_allow_declare=not args.no_declare,
         Monitor=commit_log(args.topic),
+        **({"processing_guarantee": "exactly_once"} if args.eos else {}),
     )
     topic = app.topic(
         args.topic,
@@ -296,6 +298,7 @@ def main() -> None:
     parser.add_argument(
         "--start-when", metavar="FILE", help="import and build, then start once FILE exists"
     )
+    parser.add_argument("--eos", action="store_true", help='processing_guarantee="exactly_once"')
     args = parser.parse_args()
     if args.switch:
         os.environ["STREAMASSIGN_FAUST_SWITCH"] = "1"
