@@ -1984,10 +1984,12 @@ def test_an_endpoint_that_cannot_be_parsed_is_matched_on_by_no_switch(tmp_path: 
             member["endpoint"] = "http://[::1:6066"
         paths.append(tmp_path / f"{side}.json")
         paths[-1].write_text(json.dumps(snapshot))
-    for command in ("explain", "diff"):
-        code, out, err = _invoke(command, str(paths[0]), str(paths[1]), "--json")
-        assert code == 0, err
-        assert json.loads(out)
+    code, out, err = _invoke("explain", str(paths[0]), str(paths[1]), "--json")
+    assert code == 0, err
+    assert len(json.loads(out)["moves"]) == 9
+    code, out, err = _invoke("diff", str(paths[0]), str(paths[1]), "--json")
+    assert code == 0, err
+    assert {row["status"] for row in json.loads(out).values()} == {"left", "joined"}
 
 
 def test_explain_last_credits_no_task_to_a_zombie_and_names_it_in_short() -> None:

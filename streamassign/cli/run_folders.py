@@ -240,8 +240,13 @@ def report_extras(folder: Path) -> list[str]:
 
 def _desktop_litter(path: Path) -> bool:
     """Whether ``path`` is a file a desktop left (``DESKTOP_LITTER``); a folder of that name
-    is someone's."""
-    return path.name in DESKTOP_LITTER and not path.is_dir()
+    is someone's, and so is what cannot be looked at."""
+    if path.name not in DESKTOP_LITTER:
+        return False
+    try:
+        return not path.is_dir()
+    except OSError:
+        return False
 
 
 def deleting(added: Sequence[str], others: Sequence[str], keep: bool = True) -> str:
