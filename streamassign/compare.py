@@ -15,6 +15,7 @@ The work behind ``streamassign explain``, ``diff``, ``plan --clients`` and ``des
 
 from __future__ import annotations
 
+import ipaddress
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Final, Protocol
@@ -292,10 +293,16 @@ def _names_one_host(endpoint: str) -> bool:
     """Whether ``endpoint`` can tell one worker: not empty, and not a wildcard address
     (``web_host="0.0.0.0"`` gives every Faust worker ``http://0.0.0.0:6066``, so one worker
     alone on it before a switch and another alone after would be taken for one)."""
-    if not endpoint:
+    try:  # a member advertises any string: one it cannot parse tells no worker
+        host = urlsplit(endpoint if "//" in endpoint else f"//{endpoint}").hostname
+    except ValueError:
         return False
-    host = urlsplit(endpoint if "//" in endpoint else f"//{endpoint}").hostname
-    return host not in (None, "", "0.0.0.0", "::")
+    if not host:
+        return False
+    try:
+        return not ipaddress.ip_address(host).is_unspecified
+    except ValueError:  # a host name
+        return True
 
 
 def _several_behind_one(members: frozenset[tuple[str, str]]) -> bool:

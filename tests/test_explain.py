@@ -1973,6 +1973,25 @@ def test_workers_alone_on_a_wildcard_url_are_not_matched_across_an_assignor_swit
     assert {row["status"] for row in json.loads(out).values()} == {"left", "joined"}
 
 
+def test_an_endpoint_that_cannot_be_parsed_is_matched_on_by_no_switch(tmp_path: Path) -> None:
+    """A member advertises any string as its endpoint: one that is no URL (an unbalanced IPv6
+    bracket) tells no worker, and explain and diff still answer across a switch."""
+    data = Path(__file__).parent / "data"
+    paths = []
+    for side in ("before", "after"):
+        snapshot = json.loads((data / f"faust_switch_wildcard_alone_{side}.json").read_text())
+        for member in snapshot["members"]:
+            member["endpoint"] = "http://[::1:6066"
+        paths.append(tmp_path / f"{side}.json")
+        paths[-1].write_text(json.dumps(snapshot))
+    code, out, err = _invoke("explain", str(paths[0]), str(paths[1]), "--json")
+    assert code == 0, err
+    assert len(json.loads(out)["moves"]) == 9
+    code, out, err = _invoke("diff", str(paths[0]), str(paths[1]), "--json")
+    assert code == 0, err
+    assert {row["status"] for row in json.loads(out).values()} == {"left", "joined"}
+
+
 def test_explain_last_credits_no_task_to_a_zombie_and_names_it_in_short() -> None:
     """A Faust worker (a031c13c) paused past its session came back still running 8_2, 8_4 and
     8_6, which the group had given to 9986b500 and dbcab4d7; the rebalance then gave it 8_0,

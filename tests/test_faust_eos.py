@@ -134,8 +134,10 @@ def test_exactly_once_is_told_once_what_it_does_not_keep(
             made = warnings_said(caplog)
 
             async def start_and_stop() -> None:  # the stop detaches what the start attached
-                await thread.on_start()
-                await thread.on_thread_stop()
+                try:
+                    await thread.on_start()
+                finally:
+                    await thread.on_thread_stop()
 
             asyncio.run(start_and_stop())
         finally:

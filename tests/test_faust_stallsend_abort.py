@@ -12,6 +12,7 @@ import collections
 import logging
 import socket
 import struct
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -192,6 +193,8 @@ def test_a_stall_s_hold_resets_nothing(
         producer = _producer(sockets)
         _unanswered(producer)
         worker = _gated_worker(tmp_path, monkeypatch, producer)
+        base = time.monotonic()
+        worker.producer.clock = lambda: base + worker.skew  # only the stall moves it
         _request(producer, 1, CHANGELOG_TP)
         await asyncio.sleep(0)  # written
         worker.start()

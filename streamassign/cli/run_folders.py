@@ -180,7 +180,7 @@ def users_files(run_dir: str) -> list[str]:
         found += [f"report/{name}" for name in report_extras(Path(run_dir) / "report")]
     except OSError:
         found.append("report/")
-    return [shown for shown in found if shown.rsplit("/", 1)[-1] not in DESKTOP_LITTER]
+    return [shown for shown in found if not _desktop_litter(Path(run_dir) / shown)]
 
 
 def _entries(run_dir: str, top: str) -> list[str]:
@@ -230,12 +230,23 @@ def report_extras(folder: Path) -> list[str]:
 
     if not folder.is_dir():
         return []
-    own = {"report.html", REPORT_ID, *CSV_FILES, *DESKTOP_LITTER}
+    own = {"report.html", REPORT_ID, *CSV_FILES}
     return [
         f"{name}/" if (folder / name).is_dir() else name
         for name in sorted(os.listdir(folder))
-        if name not in own
+        if name not in own and not _desktop_litter(folder / name)
     ]
+
+
+def _desktop_litter(path: Path) -> bool:
+    """Whether ``path`` is a file a desktop left (``DESKTOP_LITTER``); a folder of that name
+    is someone's, and so is what cannot be looked at."""
+    if path.name not in DESKTOP_LITTER:
+        return False
+    try:
+        return not path.is_dir()
+    except OSError:
+        return False
 
 
 def deleting(added: Sequence[str], others: Sequence[str], keep: bool = True) -> str:

@@ -265,12 +265,14 @@ def test_a_runs_own_files_are_never_named_as_the_users(tmp_path: Path) -> None:
         (run / shown).write_bytes(b"PAR1")
     assert users_files(str(run)) == []
     (run / "report" / "old").mkdir()
+    (run / "report" / "Thumbs.db").mkdir()  # a folder of a litter file's name is someone's
     for shown in ("notes.txt", "manifest/mine.json", "rebalances/notes.txt", "report/old/a.md"):
         (run / shown).write_text("mine")
     assert users_files(str(run)) == [
         "notes.txt",
         "manifest/mine.json",
         "rebalances/notes.txt",
+        "report/Thumbs.db/",
         "report/old/",
     ]
 
