@@ -272,17 +272,15 @@ def _processes_by_member(earlier: ProcessMembers, later: ProcessMembers) -> dict
     endpoints (a Faust worker's URL is its endpoint under both assignors), one to one: a
     later process two earlier ones lead to is left out rather than guessed, and so is a
     process on either side whose members share an endpoint (:func:`_several_behind_one`)."""
+    later_ids = {k: {m for m, _ in ms} for k, ms in later.items()}
+    later_hosts = {k: {e for _, e in ms if _names_one_host(e)} for k, ms in later.items()}
     matched: dict[str, str] = {}
     for key, members in earlier.items():
         if _several_behind_one(members):
             continue
         ids = {m for m, _ in members}
         endpoints = {e for _, e in members if _names_one_host(e)}
-        same = [
-            k
-            for k, ms in later.items()
-            if ids & {m for m, _ in ms} or endpoints & {e for _, e in ms if _names_one_host(e)}
-        ]
+        same = [k for k in later if ids & later_ids[k] or endpoints & later_hosts[k]]
         if len(same) == 1 and not _several_behind_one(later[same[0]]):
             matched[key] = same[0]
     targets = Counter(matched.values())
