@@ -432,6 +432,24 @@ def test_a_worker_given_back_partitions_it_has_no_state_of_says_it_restores_them
     assert restoring_lines() == []
 
 
+def test_under_exactly_once_the_restore_line_gives_faust_s_reason(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Faust records no changelog offset of an active under exactly_once, so a restarted
+    worker restores every active it gets back: the line says so instead of suggesting a
+    wiped or damaged directory."""
+    counts = {SRC: 6, CL: 6}
+    ran = stopped_after_running_alone(tmp_path / "w0", counts)
+    app = make_app(tmp_path / "w0", 7000, store="rocksdb://")
+    app.conf.processing_guarantee = "exactly_once"
+    wipe(Path(app.conf.tabledir), "removed", min(ran).partition)
+    with caplog.at_level(logging.INFO, logger="streamassign.faust"):
+        rebalance({"m0": app.assignor}, counts=counts)
+    (line,) = restore_lines(caplog)
+    assert "under exactly_once Faust records none" in line
+    assert "wiped" not in line
+
+
 def restore_lines(caplog: pytest.LogCaptureFixture, level: int = logging.INFO) -> list[str]:
     """The INFO lines naming partitions restored from the start, among ``caplog``'s records."""
     return [

@@ -65,7 +65,7 @@ from ..protocol import (
 )
 from ..repeats import Repeats
 from ..streams import FAUST_PROTOCOL_NAME
-from ._app import aiokafka_consumer, recovery_interrupted
+from ._app import aiokafka_consumer, exactly_once, recovery_interrupted
 from ._damaged import (
     Aside,
     DamagedTable,
@@ -909,12 +909,27 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
             # recovery applies changelog records or a changelog write is committed).
             log.info(
                 "%d of the partitions assigned back to this worker have no local table state "
-                "(no changelog offset recorded in their table directories: wiped, moved aside "
-                "as damaged, or none written before the worker stopped): restoring them from "
-                "the start of their changelogs (%s)",
+                "(no changelog offset recorded in their table directories: %s): restoring "
+                "them from the start of their changelogs (%s)",
                 len(cold),
+                self._why_no_offset(),
                 ", ".join(str(t) for t in cold),
             )
+
+    def _why_no_offset(self) -> str:
+        """Why a table directory holds no changelog offset. Under exactly_once Faust records
+        none for a partition it ran as an active (its commit looks the pending offsets up by
+        source partition), so every restart restores its actives: not a sign of damage."""
+        try:
+            transactional = exactly_once(self.app)
+        except Exception:  # an app not configured yet (or a stand-in): the general reasons
+            transactional = False
+        if transactional:
+            return (
+                "under exactly_once Faust records none for the partitions a worker runs as "
+                "actives, so a restart restores them"
+            )
+        return "wiped, moved aside as damaged, or none written before the worker stopped"
 
     def _log_damaged(self, damaged: DamagedTables) -> None:
         """One line per join for every damaged table directory found: a WARNING when it moved

@@ -128,6 +128,13 @@ class FaustCluster:
         go.touch()
         self.procs[name] = new
 
+    def _fail_if_exited(self) -> None:
+        """A worker that exited cannot settle: say so now, not after ``TIMEOUT``."""
+        exited = {name: p.proc.poll() for name, p in self.procs.items()}
+        exited = {name: code for name, code in exited.items() if code is not None}
+        if exited:
+            raise AssertionError(f"worker(s) exited while settling: {exited}\n{self.report()}")
+
     @staticmethod
     def _rebalances(proc: JsonLinesProcess) -> list[dict[str, Any]]:
         """The rebalances ``proc`` finished (its streams resumed after recovery)."""
@@ -155,6 +162,7 @@ class FaustCluster:
         waiting = "nothing checked yet"
         while time.monotonic() < deadline:
             time.sleep(0.25)
+            self._fail_if_exited()
             states = self.states()
             silent = sorted(set(self.procs) - set(states))
             rebalancing = sorted(name for name, s in states.items() if s["rebalancing"])
