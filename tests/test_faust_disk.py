@@ -21,6 +21,7 @@ from typing import Any
 import faust
 import pytest
 import rocksdict
+from faust.exceptions import PartitionsMismatch
 from faust.streams import _current_event
 from faust.transport.drivers import aiokafka as faust_aiokafka
 from faust.types import TP
@@ -35,12 +36,13 @@ __all__ = ["group"]  # the fixture, used here by name
 
 
 class Message:
-    def __init__(self, partition: int) -> None:
-        self.partition = partition
+    def __init__(self, partition: int, topic: str = SRC) -> None:
+        self.partition, self.topic = partition, topic
 
 
 class Event:
-    """What Faust's RocksDB store reads of the event being processed: its partition."""
+    """What Faust's RocksDB store and table read of the event being processed: its partition
+    and topic."""
 
     def __init__(self, partition: int) -> None:
         self.message = Message(partition)
@@ -145,6 +147,55 @@ def test_a_failed_table_write_refuses_every_commit_says_so_once_and_stops_the_wo
     assert "IO error: While appending to file: " in line and "File too large" in line
     assert "commits no offset from now on" in line
     assert line.endswith("free space (or fix the disk), then restart the worker")
+
+
+def test_a_table_whose_source_outgrew_its_changelog_stops_the_worker_before_any_commit(
+    tmp_path: Path,
+    group: Any,
+    commits: list[dict[TP, int]],
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Partitions added to a table's source topic: Faust's check raises PartitionsMismatch
+    in the agent, the stream acks the event, and Faust's restarts of the agent committed past
+    every record failing it (thousands in a live run). The check latches the guard: nothing
+    is committed from then on, one ERROR names the table and both counts, and the app is
+    crashed once, so the records wait until the counts match."""
+    app = zombie_app(tmp_path)
+    g = group(app)
+    reasons = crashes_of(app)
+    consumer = app.consumer
+    partition_counts = {SRC: 8}  # the changelog keeps 4
+    monkeypatch.setattr(consumer, "topic_partitions", lambda t: partition_counts.get(t, 4))
+
+    def table_update(key: str) -> None:
+        event = Event(0)
+        token = _current_event.set(weakref.ref(event))  # type: ignore[arg-type]
+        try:
+            app.tables["totals"][key] = 1
+        finally:
+            _current_event.reset(token)
+
+    async def run() -> None:
+        await g.join("m-1", 1)
+        assert await consumer._commit_tps([TP(SRC, 0)], True)
+        with pytest.raises(PartitionsMismatch) as raised:
+            table_update("k1")
+        with pytest.raises(PartitionsMismatch):
+            table_update("k2")  # the restarted agent's next record
+        assert not await consumer._commit_tps([TP(SRC, 0)], True)
+        await asyncio.wrap_future(consumer._store_crash)  # the crash ran
+        assert reasons == [raised.value]
+
+    with caplog.at_level(logging.DEBUG, logger="streamassign.faust"):
+        asyncio.run(run())
+    assert commits == [{TP(SRC, 0): 1}]
+    assert "k1" not in app.tables["totals"].data  # checked before the store is written
+    (line,) = errors(caplog)
+    assert line.startswith("table 'totals': ")
+    assert "has 8 partitions" in line and "has 4 partitions" in line
+    assert "commits no offset from now on" in line
+    assert line.endswith("'Adding partitions to a topic on a live fleet'")
 
 
 def test_the_store_keeps_failing_after_space_is_freed(tmp_path: Path) -> None:

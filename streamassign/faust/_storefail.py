@@ -17,6 +17,13 @@ through), one ERROR line names the table, its directory, RocksDB's status and wh
 and the app is crashed (Faust's stop path: the worker exits non-zero), so that a supervisor
 restarts it: the group moves its partitions meanwhile and they are processed again from the
 last commit (at-least-once: duplicates, never a gap).
+
+A table's source partition count that no longer matches its changelog's (partitions added to
+the source while the app ran) ends the same way: Faust's check raises ``PartitionsMismatch``
+in the agent, the stream acks the event and Faust's restarts of the agent commit past every
+record that fails it (4,160 of 46,368 records committed unprocessed in a live run). The guard
+latches on that check too (``watch_tables``), so the worker stops with nothing committed and
+the records wait until the counts match.
 """
 
 from __future__ import annotations
@@ -29,10 +36,18 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 import attrs
+from faust.exceptions import PartitionsMismatch
 
 from ._stores import keeps_state_on_disk
 
-__all__ = ["GUARDED_WRITES", "StoreFailure", "StoreFailureGuard", "crash_app", "is_store_failure"]
+__all__ = [
+    "GUARDED_WRITES",
+    "SourceCountMismatch",
+    "StoreFailure",
+    "StoreFailureGuard",
+    "crash_app",
+    "is_store_failure",
+]
 
 log = logging.getLogger("streamassign.faust")
 
@@ -80,6 +95,24 @@ class StoreFailure:
         )
 
 
+@attrs.frozen
+class SourceCountMismatch:
+    """A table whose source topic's partition count differs from its changelog's (Faust's
+    ``PartitionsMismatch``, which names both)."""
+
+    table: str
+    mismatch: str
+
+    def line(self) -> str:
+        return (
+            f"table {self.table!r}: {self.mismatch.rstrip('.')}; this worker commits no offset "
+            "from now on (the record being processed and those after it wait, from the last "
+            "commit, until the counts match) and stops: partitions added to a source topic "
+            "while the app ran? see docs/faust.md, 'Adding partitions to a topic on a live "
+            "fleet'"
+        )
+
+
 def _directory(store: Any) -> str:
     """Where the store keeps its partition databases (one directory each)."""
     try:
@@ -97,8 +130,8 @@ def _table_name(store: Any) -> str:
 class StoreFailureGuard:
     """Latches the first failed table store write and calls ``on_failure`` with it, once."""
 
-    on_failure: Callable[[StoreFailure, BaseException], None]
-    failure: StoreFailure | None = None
+    on_failure: Callable[[StoreFailure | SourceCountMismatch, BaseException], None]
+    failure: StoreFailure | SourceCountMismatch | None = None
     #: Failed writes after the first (logged at DEBUG: the line was given).
     later_failures: int = 0
 
@@ -112,6 +145,24 @@ class StoreFailureGuard:
             if keeps_state_on_disk(store):
                 for name in GUARDED_WRITES:
                     self._guard(store, name)
+
+    def watch_tables(self, tables: Iterable[Any]) -> None:
+        """Latch when a table's check of its source topic's partition count fails (once per
+        table): the check runs before the table's store or changelog is written."""
+        for table in tables:
+            check = getattr(table, "_verify_source_topic_partitions", None)
+            if check is None or getattr(check, "_streamassign_guarded", False):
+                continue
+
+            def guarded(source_topic: str, *, table: Any = table, check: Any = check) -> None:
+                try:
+                    check(source_topic)
+                except PartitionsMismatch as exc:
+                    self._latch(SourceCountMismatch(str(table.name), str(exc)), exc)
+                    raise
+
+            guarded._streamassign_guarded = True  # type: ignore[attr-defined]
+            table._verify_source_topic_partitions = guarded
 
     def _guard(self, store: Any, name: str) -> None:
         write = getattr(store, name, None)
@@ -131,13 +182,16 @@ class StoreFailureGuard:
         setattr(store, name, guarded)
 
     def failed_write(self, store: Any, exc: BaseException) -> None:
+        self._latch(StoreFailure(_table_name(store), _directory(store), str(exc) or repr(exc)), exc)
+
+    def _latch(self, failure: StoreFailure | SourceCountMismatch, exc: BaseException) -> None:
         if self.failure is not None:
             self.later_failures += 1
-            log.debug("another table store write failed: %r", exc)
+            log.debug("another table failure after the first: %r", exc)
             return
-        self.failure = StoreFailure(_table_name(store), _directory(store), str(exc) or repr(exc))
-        log.error("%s", self.failure.line())
-        self.on_failure(self.failure, exc)
+        self.failure = failure
+        log.error("%s", failure.line())
+        self.on_failure(failure, exc)
 
 
 def crash_app(app: Any, exc: BaseException) -> concurrent.futures.Future[Any] | None:

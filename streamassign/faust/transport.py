@@ -65,7 +65,7 @@ from ._eos import warn_if_exactly_once
 from ._flowstop import ASSIGNING, JOINING, RECOVERING, REVOKING, FlowStop, Step
 from ._proven import ProvenOffsets, changelog_stores, proofs_file
 from ._stallhold import StallHoldProducer
-from ._storefail import StoreFailure, StoreFailureGuard, crash_app
+from ._storefail import SourceCountMismatch, StoreFailure, StoreFailureGuard, crash_app
 
 __all__ = ["SWITCH_ENV", "Transport"]
 
@@ -621,18 +621,22 @@ class _Consumer(faust_aiokafka.Consumer):
 
     def _guard_stores(self) -> None:
         self.store_guard.watch(changelog_stores(self.app).values())
+        self.store_guard.watch_tables(self.app.tables.values())
 
-    def _on_store_failure(self, failure: StoreFailure, exc: BaseException) -> None:
+    def _on_store_failure(
+        self, failure: StoreFailure | SourceCountMismatch, exc: BaseException
+    ) -> None:
         self._store_crash = crash_app(self.app, exc)
 
     async def _commit_tps(self, tps: Iterable[TP], start_new_transaction: bool) -> bool:
-        """Faust's, refused once a table store write failed: the event being processed then
-        is acked by Faust although its table update never happened, so any commit from then
-        on could pass it. Every commit of Faust (at-least-once and transactions, its timer,
-        its revoke and its stop) comes through here, before it sends the messages attached
-        to the offsets and flushes its producer (stopped by then: ``Cannot flush``)."""
+        """Faust's, refused once a table store write failed (or a table's check of its source
+        partition count did): the event being processed then is acked by Faust although its
+        table update never happened, so any commit from then on could pass it. Every commit
+        of Faust (at-least-once and transactions, its timer, its revoke and its stop) comes
+        through here, before it sends the messages attached to the offsets and flushes its
+        producer (stopped by then: ``Cannot flush``)."""
         if self.store_guard.failed:
-            log.debug("a commit refused: a table store write failed")
+            log.debug("a commit refused: a table write failed")
             return False
         return bool(await super()._commit_tps(tps, start_new_transaction))
 
