@@ -450,6 +450,7 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
         saves) and its topic groups, and rejoins with backoff."""
         kafka = frozenset(TP(t, p) for t, ps in assignment.assignment for p in ps)
         self._end_round()
+        self._reverify_table_sources()
         try:
             info = AssignmentInfo.decode(assignment.user_data or b"")
         except ProtocolError as exc:
@@ -568,6 +569,7 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
 
     def _on_fausts_assignment(self) -> None:
         self._end_round()
+        self._reverify_table_sources()
         self.join_errors.joined()
         self._recovery_joined()
         if self._fausts_in_use is None:
@@ -588,6 +590,22 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
             self._leader_topology_errors = Repeats()
             self._leader_shared_ids = Repeats()
         self._leading = False
+
+    def _reverify_table_sources(self) -> None:
+        """Make each table check its source topic's partition count against its changelog's
+        again at its next write. Faust checks it once per process and caches the answer
+        (``Table._verified_source_topics_for_partitions``): after partitions were added to a
+        source topic, a running worker never checked again, and an assignment that parts a
+        source partition from its table partition let it write values it built from an empty
+        table (or write to a changelog partition that does not exist, which crashes Faust's
+        producer). Checked again, the write raises Faust's own ``PartitionsMismatch`` naming
+        both counts, before the store or the changelog is touched. Each assignment, on
+        either protocol: the metadata that made it is the one the check reads. Another Faust
+        version without the cache is left alone (getattr)."""
+        for table in self._tables():
+            verified = getattr(table, "_verified_source_topics_for_partitions", None)
+            if isinstance(verified, set):
+                verified.clear()
 
     def _fallback_view(self, kafka: frozenset[TP]) -> _View:
         """After a failed assignment: Kafka's partitions as actives, the last good topic groups
