@@ -6,6 +6,8 @@ consumer's metadata (what Faust's check reads) is a stand-in."""
 
 from __future__ import annotations
 
+import logging
+import uuid
 import weakref
 from collections.abc import Mapping
 from pathlib import Path
@@ -17,8 +19,20 @@ from faust.exceptions import PartitionsMismatch
 from faust.streams import _current_event
 
 from streamassign.faust import PartitionAssignor
+from streamassign.faust.leader import assign_faust
+from streamassign.protocol import SubscriptionInfo
+from streamassign.repeats import Repeats
+from streamassign.streams import MemberSubscription
 
 from .test_faust_assignor import CL, COUNTS, SRC, make_app, rebalance
+
+LEADER_COUNTS = {SRC: 6, CL: 6}
+LEADER_TOPICS = frozenset(LEADER_COUNTS)
+LEADER_GLOBAL = "shop-rates-changelog"
+
+
+def leader_member(i: int, topics: frozenset[str] = LEADER_TOPICS) -> MemberSubscription:
+    return MemberSubscription(topics, SubscriptionInfo(uuid.UUID(int=i + 1)))
 
 
 class Message:
@@ -141,3 +155,71 @@ def test_a_faust_without_the_cache_is_left_alone(worker: tuple[faust.App, list[i
     assert isinstance(assignor, PartitionAssignor)
     rebalance({"m0": assignor})
     assert assignor.assigned_actives()
+
+
+# -- the leader: a table changelog left without a topic of its partition count ---------------
+
+
+def lone_lines(caplog: pytest.LogCaptureFixture) -> list[tuple[int, str]]:
+    return [
+        (r.levelno, r.getMessage())
+        for r in caplog.records
+        if r.getMessage().startswith("table changelog ")
+    ]
+
+
+def test_a_source_grown_past_its_changelog_is_said_once_and_still_assigned(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The audit's fleet: ``orders`` 6 -> 8 left the changelog alone with 6, and the leader
+    said nothing. Now one WARNING names both counts and the remedy, repeats at DEBUG, one
+    INFO line once they match again; every round still assigns every partition."""
+    logged = Repeats()
+    members = {f"m{i}": leader_member(i) for i in range(3)}
+    grown = {SRC: 8, CL: 6}
+    with caplog.at_level(logging.DEBUG, "streamassign.faust"):
+        for counts in (LEADER_COUNTS, grown, grown, {SRC: 8, CL: 8}):
+            result = assign_faust(
+                members,
+                counts,
+                num_standby_replicas=1,
+                changelog_topics={CL},
+                lone_changelogs=logged,
+            )
+            assigned = {tp for got in result.values() for tp in got.partitions}
+            assert {(tp.topic, tp.partition) for tp in assigned} >= {
+                (t, p) for t, n in counts.items() for p in range(n)
+            }
+    lines = lone_lines(caplog)
+    assert [level for level, _ in lines] == [logging.WARNING, logging.DEBUG]
+    assert lines[0][1].startswith(
+        f"table changelog {CL} has 6 partitions, but no topic the workers reading it consume "
+        f"has 6 ({SRC} 8): were partitions added to the table's source topic?"
+    )
+    assert "PartitionsMismatch" in lines[0][1]
+    assert "Adding partitions to a topic on a live fleet" in lines[0][1]
+    infos = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
+    assert infos == ["every table changelog has a topic of its partition count to read again"]
+
+
+def test_a_new_situation_is_news_and_a_global_table_is_none(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Another count is another situation (WARNING again); a global table's changelog has its
+    own count by design; without a ``Repeats`` every round says it."""
+    logged = Repeats()
+    members = {"m0": leader_member(0, LEADER_TOPICS | {LEADER_GLOBAL})}
+    with caplog.at_level(logging.DEBUG, "streamassign.faust"):
+        for n in (8, 8, 12):
+            counts = {SRC: n, CL: 6, LEADER_GLOBAL: 2}
+            assign_faust(
+                members,
+                counts,
+                changelog_topics={CL, LEADER_GLOBAL},
+                global_changelog_topics={LEADER_GLOBAL},
+                lone_changelogs=logged,
+            )
+        assign_faust(members, {SRC: 8, CL: 6}, changelog_topics={CL})
+    levels = [level for level, _ in lone_lines(caplog)]
+    assert levels == [logging.WARNING, logging.DEBUG, logging.WARNING, logging.WARNING]
+    assert not any(LEADER_GLOBAL in message for _, message in lone_lines(caplog))

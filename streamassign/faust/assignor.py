@@ -259,6 +259,9 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
         #: The process ids the leader logged as announced with several URLs (copied state
         #: directories): each clash is logged once, forgotten as the two above are.
         self._leader_shared_ids = Repeats()
+        #: The table changelogs the leader logged as left without a topic of their partition
+        #: count (partitions added to a source topic?), forgotten as the three above are.
+        self._leader_lone_changelogs = Repeats()
         self._member_missing = Repeats()
         #: The damaged table directories this member could not move aside (logged once per
         #: set, as every join finds them again; a set it moved is always news).
@@ -433,6 +436,7 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
                 missing_topics_level=self._missing_level(missing),
                 topology_errors=self._leader_topology_errors,
                 shared_ids=self._leader_shared_ids,
+                lone_changelogs=self._leader_lone_changelogs,
             )
             out = {m: encode_assignment(a.partitions, a.info.encode()) for m, a in result.items()}
         except Exception as exc:
@@ -589,6 +593,7 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
             self._leader_missing = Repeats()
             self._leader_topology_errors = Repeats()
             self._leader_shared_ids = Repeats()
+            self._leader_lone_changelogs = Repeats()
         self._leading = False
 
     def _reverify_table_sources(self) -> None:

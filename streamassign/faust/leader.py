@@ -261,6 +261,7 @@ def assign_faust(
     missing_topics_level: int = logging.WARNING,
     topology_errors: Repeats | None = None,
     shared_ids: Repeats | None = None,
+    lone_changelogs: Repeats | None = None,
 ) -> dict[str, MemberAssignment]:
     """Assignment of every member (see the module docstring). Never raises for bad members or
     topics: unreadable members have no history. A subscribed table changelog or
@@ -273,7 +274,10 @@ def assign_faust(
     1 to 30 s), and one INFO line says when they group again; None: every one at ERROR.
     ``shared_ids``: the process ids this leader logged last as announced with several URLs (a
     copied state directory; each URL is then a worker of its own, ``streams.process_keys``),
-    each such clash logged at WARNING once; None: at every rebalance."""
+    each such clash logged at WARNING once; None: at every rebalance. ``lone_changelogs``: the
+    table changelogs this leader logged last as having a partition count none of their
+    subscribers' other topics has (``_warn_lone_changelogs``), each logged at WARNING once;
+    None: at every rebalance."""
     if not members:
         return {}
     version = common_version(members, leader_version)
@@ -297,6 +301,7 @@ def assign_faust(
     if grouped is None:
         return incomplete
     topology, tasks = grouped
+    _warn_lone_changelogs(subscriptions, partition_counts, changelogs, globals_, lone_changelogs)
     result = {m: MemberAssignment((), empty) for m in members}
     # The rebalance's budget (logged per member); no hand-back from a copied state directory.
     members = without_copied_claims(bounded_claims(members, tasks))
@@ -328,6 +333,70 @@ def _group_topics(
     if logged is not None and logged.ended():
         log.info("the subscribed topics group now: assigning tasks again")
     return topology, tasks
+
+
+def _warn_lone_changelogs(
+    subscriptions: Mapping[str, frozenset[str]],
+    partition_counts: Mapping[str, int],
+    changelogs: frozenset[str],
+    globals_: frozenset[str],
+    logged: Repeats | None,
+) -> None:
+    """One WARNING per table changelog (not global) whose partition count no other topic its
+    subscribers read has: partitions added to the table's source topic, most likely. Faust
+    grouping by count then parts the table from its source, and Faust's tables raise
+    ``PartitionsMismatch`` on every write (``PartitionAssignor`` makes them check again at
+    each assignment). The same situation again at DEBUG; one INFO line once none is left.
+
+    Only said, never refused: a table fed by no topic of its count (written from a timer, a
+    table never written yet) is legal, and the leader cannot tell a table's source topic
+    from the others (Faust records it only when the table is first written)."""
+    lone = _lone_changelogs(subscriptions, partition_counts, changelogs, globals_)
+    previous = logged.reported if logged is not None else None
+    if not lone:
+        if logged is not None and logged.ended():
+            log.info("every table changelog has a topic of its partition count to read again")
+        return
+    seen = previous if isinstance(previous, frozenset) else frozenset()
+    if logged is not None:
+        logged.changed(lone)
+    for changelog, count, others in sorted(lone):
+        log.log(
+            logging.DEBUG if (changelog, count, others) in seen else logging.WARNING,
+            "table changelog %s has %d partitions, but no topic the workers reading it consume "
+            "has %d (%s): were partitions added to the table's source topic? Its writes fail "
+            "with Faust's PartitionsMismatch until the counts match: stop the app, then grow "
+            "the changelog (and any repartition topic) to the source's count, or reset the "
+            'app (docs/faust.md, "Adding partitions to a topic on a live fleet"); repeats '
+            "logged at DEBUG",
+            changelog,
+            count,
+            count,
+            ", ".join(f"{t} {n}" for t, n in others),
+        )
+
+
+def _lone_changelogs(
+    subscriptions: Mapping[str, frozenset[str]],
+    partition_counts: Mapping[str, int],
+    changelogs: frozenset[str],
+    globals_: frozenset[str],
+) -> frozenset[tuple[str, int, tuple[tuple[str, int], ...]]]:
+    """``(changelog, its count, (topic, count) of the other topics its readers consume)`` for
+    each table changelog (not global) whose count none of those topics has."""
+    lone = set()
+    for changelog in changelogs - globals_:
+        count = partition_counts.get(changelog)
+        readers = [topics for topics in subscriptions.values() if changelog in topics]
+        sources = {
+            t: partition_counts[t]
+            for topics in readers
+            for t in topics
+            if t in partition_counts and t not in changelogs | globals_
+        }
+        if count is not None and sources and count not in sources.values():
+            lone.add((changelog, count, tuple(sorted(sources.items()))))
+    return frozenset(lone)
 
 
 def _waiting_for_metadata(
