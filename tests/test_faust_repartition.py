@@ -48,14 +48,41 @@ class Event:
         self.message = Message(topic, partition)
 
 
-class MetadataStandIn:
-    """``app.consumer`` as Faust's check reads it: the partition counts aiokafka last saw."""
+class Coordinator:
+    """aiokafka's group coordinator as far as Faust's driver reads it: the partition counts
+    it noted at the last assignment its worker made as leader (``{}`` until then)."""
 
-    def __init__(self, counts: Mapping[str, int]) -> None:
-        self.counts = dict(counts)
+    def __init__(self) -> None:
+        self._metadata_snapshot: dict[str, int] = {}
+
+
+class AiokafkaConsumer:
+    def __init__(self) -> None:
+        self._coordinator = Coordinator()
+
+
+class ConsumerThread:
+    def __init__(self) -> None:
+        self._consumer = AiokafkaConsumer()
+        #: Not None: the tests' teardown then takes it for a started mode thread, which
+        #: closes its own loop (this stand-in has none).
+        self._thread = object()
+
+
+class FaustConsumer:
+    """``app.consumer``: Faust's driver answers ``topic_partitions`` from the coordinator's
+    snapshot, as here."""
+
+    def __init__(self) -> None:
+        self._thread = ConsumerThread()
 
     def topic_partitions(self, topic: str) -> int | None:
-        return self.counts.get(topic)
+        return self._thread._consumer._coordinator._metadata_snapshot.get(topic)
+
+
+def snapshot(app: faust.App) -> dict[str, int]:
+    consumer: FaustConsumer = app.consumer  # type: ignore[assignment]
+    return consumer._thread._consumer._coordinator._metadata_snapshot
 
 
 class Sent:
@@ -76,12 +103,9 @@ def table_write(app: faust.App, key: str, value: int, partition: int) -> None:
         _current_event.reset(token)
 
 
-@pytest.fixture
-def worker(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[faust.App, list[int]]:
-    """One worker of a Faust app with a table fed by ``SRC``; the changelog partitions its
-    writes were sent to."""
-    app = make_app(tmp_path / "w0", 7000)
-    app.consumer = MetadataStandIn(COUNTS)  # type: ignore[assignment]
+def worker_app(datadir: Path, port: int, monkeypatch: pytest.MonkeyPatch) -> faust.App:
+    app = make_app(datadir, port)
+    app.consumer = FaustConsumer()  # type: ignore[assignment]
     sent: list[int] = []
 
     def send_changelog(partition: int, key: Any, value: Any, *args: Any) -> Sent:
@@ -89,72 +113,91 @@ def worker(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[faust.App, 
         return Sent(partition)
 
     monkeypatch.setattr(app.tables["totals"], "send_changelog", send_changelog)
-    return app, sent
+    monkeypatch.setattr(app, "sent", sent, raising=False)
+    return app
 
 
-def test_after_partitions_are_added_an_assignment_makes_the_next_write_fail(
-    worker: tuple[faust.App, list[int]],
-) -> None:
-    """Without the check again, the running worker writes on: Faust checked once, at the
-    first write. After the next assignment the write raises, naming both counts, and neither
-    the changelog nor the table gets it."""
-    app, sent = worker
+def sent_to(app: faust.App) -> list[int]:
+    """The changelog partitions ``app``'s table writes were sent to."""
+    sent: list[int] = app.sent  # type: ignore[attr-defined]
+    return sent
+
+
+def group_round(apps: Mapping[str, faust.App], counts: Mapping[str, int]) -> None:
+    """A rebalance: the first app leads; aiokafka notes the counts in the leader's snapshot."""
+    rebalance({m: assignor_of(app) for m, app in apps.items()}, counts)
+    leader = next(iter(apps.values()))
+    snapshot(leader).update(counts)
+
+
+def assignor_of(app: faust.App) -> PartitionAssignor:
     assignor = app.assignor
     assert isinstance(assignor, PartitionAssignor)
-    rebalance({"m0": assignor})
-    table_write(app, "k", 1, partition=3)
-    assert sent == [3]
+    return assignor
 
-    grown = {**COUNTS, SRC: 8}
-    app.consumer.counts = grown  # type: ignore[attr-defined]  # aiokafka's refresh saw 8
-    table_write(app, "k", 2, partition=3)  # no assignment yet: Faust's cached answer
-    assert sent == [3, 3]
 
-    rebalance({"m0": assignor}, grown)  # the rejoin the refresh starts
-    with pytest.raises(
-        PartitionsMismatch, match=rf"(?s)'{SRC}'.*has 8 partitions.*'{CL}' has 6 partitions"
-    ):
-        table_write(app, "k", 3, partition=3)
-    assert sent == [3, 3]
+@pytest.fixture
+def group(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, faust.App]:
+    """Two workers of a Faust app with a table fed by ``SRC``: m0 leads, m1 follows."""
+    return {f"m{i}": worker_app(tmp_path / f"w{i}", 7000 + i, monkeypatch) for i in range(2)}
+
+
+@pytest.mark.parametrize("member", ["m0", "m1"])
+def test_after_partitions_are_added_an_assignment_makes_the_next_write_fail(
+    group: dict[str, faust.App], member: str
+) -> None:
+    """Without the check again, a running worker writes on: Faust checked once, at the first
+    write, and a follower's snapshot (what the check reads) is empty. After the next
+    assignment the write raises on leader and follower alike, naming both counts, and
+    neither the changelog nor the table gets it."""
+    app = group[member]
+    group_round(group, COUNTS)
+    partition = next(tp.partition for tp in assignor_of(app).assigned_actives() if tp.topic == SRC)
+    table_write(app, "k", 1, partition)
+    table_write(app, "k", 2, partition)
+    assert sent_to(app) == [partition, partition]
+
+    group_round(group, {**COUNTS, SRC: 8})  # the rejoin the leader's metadata refresh starts
+    with pytest.raises(PartitionsMismatch, match=rf"(?s)'{SRC}'.*has 8 partitions.*'{CL}' has 6"):
+        table_write(app, "k", 3, partition)
+    assert sent_to(app) == [partition, partition]
     assert app.tables["totals"].data["k"] == 2
 
 
-def test_a_group_on_fausts_own_protocol_checks_again_too(
-    worker: tuple[faust.App, list[int]],
-) -> None:
-    app, sent = worker
-    assignor = app.assignor
-    assert isinstance(assignor, PartitionAssignor)
+def test_a_group_on_fausts_own_protocol_checks_again_too(group: dict[str, faust.App]) -> None:
+    app = group["m0"]
+    snapshot(app).update(COUNTS)
     table_write(app, "k", 1, partition=0)
-    app.consumer.counts = {**COUNTS, SRC: 8}  # type: ignore[attr-defined]
-    assignor._on_fausts_assignment()  # what FaustsOwnAssignor.on_assignment calls
+    snapshot(app).update({SRC: 8})
+    assignor_of(app)._on_fausts_assignment()  # what FaustsOwnAssignor.on_assignment calls
     with pytest.raises(PartitionsMismatch):
         table_write(app, "k", 2, partition=0)
-    assert sent == [0]
+    assert sent_to(app) == [0]
 
 
-def test_equal_counts_still_write_after_an_assignment(
-    worker: tuple[faust.App, list[int]],
-) -> None:
-    app, sent = worker
-    assignor = app.assignor
-    assert isinstance(assignor, PartitionAssignor)
+def test_equal_counts_still_write_after_an_assignment(group: dict[str, faust.App]) -> None:
+    app = group["m1"]
     for value in range(3):
-        rebalance({"m0": assignor})
-        table_write(app, "k", value, partition=1)
-    assert sent == [1, 1, 1]
+        group_round(group, COUNTS)
+        partition = next(
+            tp.partition for tp in assignor_of(app).assigned_actives() if tp.topic == SRC
+        )
+        table_write(app, "k", value, partition)
+    assert len(sent_to(app)) == 3
     assert app.tables["totals"].data["k"] == 2
 
 
-def test_a_faust_without_the_cache_is_left_alone(worker: tuple[faust.App, list[int]]) -> None:
-    """Another Faust version may check on every write, or not at all: no attribute to clear is
-    no error at the assignment."""
-    app, _sent = worker
-    del app.tables["totals"]._verified_source_topics_for_partitions
-    assignor = app.assignor
-    assert isinstance(assignor, PartitionAssignor)
-    rebalance({"m0": assignor})
-    assert assignor.assigned_actives()
+def test_a_faust_or_aiokafka_without_what_it_reads_is_left_alone(
+    group: dict[str, faust.App],
+) -> None:
+    """Another Faust version may check on every write, or not at all; another aiokafka may
+    keep no snapshot: nothing to clear or fill is no error at the assignment."""
+    for app in group.values():
+        del app.tables["totals"]._verified_source_topics_for_partitions
+    consumer: FaustConsumer = group["m1"].consumer  # type: ignore[assignment]
+    del consumer._thread._consumer._coordinator._metadata_snapshot
+    group_round(group, COUNTS)
+    assert all(assignor_of(app).assigned_actives() for app in group.values())
 
 
 # -- the leader: a table changelog left without a topic of its partition count ---------------

@@ -453,6 +453,7 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
         worker runs what Kafka assigned it, keeps its last good assignment (what it reports and
         saves) and its topic groups, and rejoins with backoff."""
         kafka = frozenset(TP(t, p) for t, ps in assignment.assignment for p in ps)
+        led = self._leading
         self._end_round()
         self._reverify_table_sources()
         try:
@@ -486,6 +487,8 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
         if self._member_missing.ended():
             log.info("the topics waited for exist: partitions assigned again")
         self._view = self._build_view(info, kafka)
+        if not led:  # the leader's snapshot is aiokafka's own, made from the same metadata
+            self._share_partition_counts(info)
         self._log_restores_from_scratch(info)
         self.info = info
         self._assigned = True
@@ -611,6 +614,22 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
             verified = getattr(table, "_verified_source_topics_for_partitions", None)
             if isinstance(verified, set):
                 verified.clear()
+
+    def _share_partition_counts(self, info: AssignmentInfo) -> None:
+        """Put the partition counts this assignment was made from (its topic dictionary) where
+        Faust's table check reads them: Faust's driver answers ``topic_partitions`` from the
+        aiokafka coordinator's metadata snapshot, which aiokafka keeps only on the group
+        leader (a follower's is empty, or stale from a round it led), so the check passed on
+        every follower. Live, after a source grew 6 -> 8, only the leader's agent raised
+        ``PartitionsMismatch``; two followers wrote to changelog partition 6 (which does not
+        exist) and exited. aiokafka reads a snapshot only after a round its worker led,
+        and makes it anew in that round; this runs on aiokafka's own thread. Never raises:
+        an aiokafka without the snapshot is left alone."""
+        coordinator = getattr(self._consumer(), "_coordinator", None)
+        snapshot = getattr(coordinator, "_metadata_snapshot", None)
+        if isinstance(snapshot, dict):
+            for topics in info.topics.values():
+                snapshot.update(topics)
 
     def _fallback_view(self, kafka: frozenset[TP]) -> _View:
         """After a failed assignment: Kafka's partitions as actives, the last good topic groups
