@@ -18,9 +18,10 @@ import pytest
 from faust.exceptions import PartitionsMismatch
 from faust.streams import _current_event
 
+from streamassign import TaskId
 from streamassign.faust import PartitionAssignor
-from streamassign.faust.leader import assign_faust
-from streamassign.protocol import SubscriptionInfo
+from streamassign.faust.leader import DISK_TABLES_TAG, assign_faust
+from streamassign.protocol import LATEST_OFFSET, SubscriptionInfo
 from streamassign.repeats import Repeats
 from streamassign.streams import MemberSubscription
 
@@ -266,3 +267,62 @@ def test_a_new_situation_is_news_and_a_global_table_is_none(
     levels = [level for level, _ in lone_lines(caplog)]
     assert levels == [logging.WARNING, logging.DEBUG, logging.WARNING, logging.WARNING]
     assert not any(LEADER_GLOBAL in message for _, message in lone_lines(caplog))
+
+
+# -- the leader: a claim made while a task was stateless, after its group became stateful -----
+
+
+def restarted_with_stale_claims(
+    tag: str | None, changelogs: frozenset[str] = frozenset({CL})
+) -> frozenset[TaskId]:
+    """After the remedy (the changelog grown to the source's 8 partitions, workers restarted):
+    X restarted claiming t0 and t1 without offset sums, as it ran them while the group was the
+    source alone; W runs all four tasks, V holds caught-up standbys of all four (20,000
+    records each, past the acceptable recovery lag). ``tag``: what X announces under
+    ``DISK_TABLES_TAG`` (None: nothing, an older member). Returns what X gets of t0, t1."""
+    counts = {SRC: 4, CL: 4}
+    t = sorted(
+        assign_faust({"x": leader_member(9)}, counts, changelog_topics=changelogs)["x"].info.active
+    )
+    tags = {DISK_TABLES_TAG: tag} if tag is not None else {}
+
+    def at(
+        i: int, sums: Mapping[TaskId, int], previous: frozenset[TaskId] = frozenset()
+    ) -> MemberSubscription:
+        info = SubscriptionInfo(
+            uuid.UUID(int=i + 1),
+            offset_sums=dict(sums),
+            previous_active=previous,
+            client_tags=tags if i == 0 else {},
+        )
+        return MemberSubscription(LEADER_TOPICS, info)
+
+    members = {
+        "X": at(0, {}, frozenset(t[:2])),
+        "W": at(1, dict.fromkeys(t, LATEST_OFFSET), frozenset(t)),
+        "V": at(2, dict.fromkeys(t, 20_000)),
+    }
+    result = assign_faust(members, counts, num_standby_replicas=1, changelog_topics=changelogs)
+    return result["X"].info.active & frozenset(t[:2])
+
+
+def test_a_claim_from_when_the_task_was_stateless_is_not_handed_back_cold() -> None:
+    """The audit's remedy run: restarted workers claimed ``8_p`` from the split window, when it
+    was the source alone, and the leader handed them back as stateless tasks, restored from
+    scratch while other workers held warm standbys. A worker with on-disk tables reports a
+    stateful task at 0 at least, so its claim without a sum is such a stale one: not handed
+    back. In-memory tables (tag 0) and older members (no tag) keep the hand-back, and so does
+    a task that is stateless now."""
+    assert not restarted_with_stale_claims("1")
+    assert len(restarted_with_stale_claims("0")) == 2
+    assert len(restarted_with_stale_claims(None)) == 2
+    assert len(restarted_with_stale_claims("1", changelogs=frozenset())) == 2
+
+
+@pytest.mark.parametrize(("store", "said"), [("rocksdb://", "1"), ("memory://", "0")])
+def test_a_worker_says_whether_its_tables_keep_state_on_disk(
+    tmp_path: Path, store: str, said: str
+) -> None:
+    app = make_app(tmp_path / "w0", 7000, store=store)
+    data = assignor_of(app).metadata(set(COUNTS)).user_data
+    assert SubscriptionInfo.decode(data).client_tags[DISK_TABLES_TAG] == said

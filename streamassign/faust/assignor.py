@@ -83,6 +83,7 @@ from ._watch import JoinErrors, MetadataWatch, unsized
 from .leader import (
     CAPACITY_TAG,
     CHANGELOGS_TAG,
+    DISK_TABLES_TAG,
     GLOBAL_CHANGELOGS_TAG,
     MAX_CAPACITY,
     RECOVERED_TAG,
@@ -390,6 +391,7 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
         if c := self._capacity():
             tags[CAPACITY_TAG] = str(c)
         tags[RECOVERED_TAG] = "1" if self._recovery_completed() else "0"
+        tags[DISK_TABLES_TAG] = "1" if self._has_disk_tables_at_all() else "0"
         return SubscriptionInfo(
             self._process_id or uuid.uuid4(),
             endpoint=str(self.app.conf.canonical_url),
@@ -825,6 +827,10 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
             if not table.is_global
             and task.partition < topics.get(table.changelog_topic.get_topic_name(), 0)
         ]
+
+    def _has_disk_tables_at_all(self) -> bool:
+        """Whether a (not global) table of this app keeps its state on disk (RocksDB)."""
+        return any(keeps_state_on_disk(disk_store(t)) for t in self._tables() if not t.is_global)
 
     def _has_disk_tables(self, task: TaskId, topics: Mapping[str, int]) -> bool:
         """Whether ``task`` has a table whose state survives a restart (RocksDB)."""

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -73,6 +73,7 @@ from .topology import _hashed_id, _next_hashed_id, faust_style_topology
 __all__ = [
     "CAPACITY_TAG",
     "CHANGELOGS_TAG",
+    "DISK_TABLES_TAG",
     "GLOBAL_CHANGELOGS_TAG",
     "MAX_CAPACITY",
     "RECOVERED_TAG",
@@ -98,7 +99,12 @@ GLOBAL_CHANGELOGS_TAG = "streamassign.global-changelogs"
 #: since it started, ``0`` before: whether its running claims are its first restore
 #: (``_duplicate_claims_caught_up``); stripped before assignment.
 RECOVERED_TAG = "streamassign.recovered"
-_OWN_TAGS = (CAPACITY_TAG, CHANGELOGS_TAG, GLOBAL_CHANGELOGS_TAG, RECOVERED_TAG)
+#: Client tag: ``1`` when the worker's (non-global) tables keep state on disk (RocksDB), ``0``
+#: when they keep none across a restart: whether a claim it makes without an offset sum on a
+#: task that is stateful now is a stateless claim it made when the task was stateless
+#: (``_return_restarted``); stripped before assignment.
+DISK_TABLES_TAG = "streamassign.disk-tables"
+_OWN_TAGS = (CAPACITY_TAG, CHANGELOGS_TAG, GLOBAL_CHANGELOGS_TAG, RECOVERED_TAG, DISK_TABLES_TAG)
 
 #: The largest capacity (weight) a worker may report: a Faust worker is one event loop, so a
 #: weight past this is no real machine; the leader ignores larger claims (logged).
@@ -462,7 +468,14 @@ class _FaustRuns:
         sums = _offset_sums(members, by_process)  # a merge per process: once a round
         clients = _with_capacities(
             _duplicate_claims_caught_up(
-                _return_restarted(clients, members, by_process, sums),
+                _return_restarted(
+                    clients,
+                    members,
+                    by_process,
+                    sums,
+                    stateful_subs,
+                    _disk_tables(members, by_process),
+                ),
                 sums,
                 _recovered(members, by_process),
             )
@@ -627,6 +640,8 @@ def _return_restarted(
     members: Mapping[str, MemberSubscription],
     by_process: Mapping[str, Sequence[str]],
     sums: Mapping[str, Mapping[TaskId, int]],
+    stateful_subs: Collection[int] = (),
+    disk_tables: Collection[str] = (),
 ) -> list[ClientState]:
     """A restarted worker (it runs nothing yet) is the previous owner again of the tasks it ran
     before it stopped and has no local state of (stateless tasks, in-memory tables); the worker
@@ -635,8 +650,20 @@ def _return_restarted(
     RocksDB tables it has nothing readable of on disk, which the member reports at offset 0
     (``PartitionAssignor._held_offset_sum``), not as stateless. ``sums``: each
     process's offset sums (``_offset_sums``).
+
+    Nor does a task of a group that is stateful now (``stateful_subs``) claimed by a process
+    with on-disk tables (a member of it announces ``DISK_TABLES_TAG`` 1, in
+    ``disk_tables``): such a member reports a stateful task at least at 0, so a claim without
+    a sum is one it made when the task was stateless (its saved assignment named the group
+    without the table: a source grown past its changelog, then the changelog grown to
+    match). Handed back, the task was restored from scratch while warm standbys existed.
     """
     home = stateless_returns(sums, previous_actives(members, by_process))
+    home = {
+        t: key
+        for t, key in home.items()
+        if t.subtopology not in stateful_subs or key not in disk_tables
+    }
     if not home:
         return clients
     out = []
@@ -700,6 +727,20 @@ def _duplicate_claims_caught_up(
             client = attrs.evolve(client, lags={**dict.fromkeys(claimed, 0), **client.lags})
         out.append(client)
     return out
+
+
+def _disk_tables(
+    members: Mapping[str, MemberSubscription], by_process: Mapping[str, Sequence[str]]
+) -> frozenset[str]:
+    """The processes with a member announcing ``DISK_TABLES_TAG`` 1."""
+    return frozenset(
+        key
+        for key, ms in by_process.items()
+        if any(
+            (info := members[m].info) is not None and info.client_tags.get(DISK_TABLES_TAG) == "1"
+            for m in ms
+        )
+    )
 
 
 def _recovered(
