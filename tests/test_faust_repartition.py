@@ -21,6 +21,7 @@ from faust.streams import _current_event
 from streamassign import TaskId
 from streamassign.faust import PartitionAssignor
 from streamassign.faust.leader import DISK_TABLES_TAG, assign_faust
+from streamassign.faust.topology import FAUST_HASHED_ID_BASE, faust_style_topology
 from streamassign.protocol import LATEST_OFFSET, SubscriptionInfo
 from streamassign.repeats import Repeats
 from streamassign.streams import MemberSubscription
@@ -326,3 +327,45 @@ def test_a_worker_says_whether_its_tables_keep_state_on_disk(
     app = make_app(tmp_path / "w0", 7000, store=store)
     data = assignor_of(app).metadata(set(COUNTS)).user_data
     assert SubscriptionInfo.decode(data).client_tags[DISK_TABLES_TAG] == said
+
+
+# -- subtopology ids: a deploy adding topics of a running group's count ---------------------
+
+
+V1 = ["src", "rp-counts-changelog"]
+V2 = [*V1, "extra", "rp-seen-changelog"]
+ALL_SIX = dict.fromkeys(V2, 6)
+
+
+@pytest.mark.parametrize("order", ["deploy", "roll-back"])
+def test_a_rolling_deploy_never_renames_the_running_group(order: str) -> None:
+    """The audit's deploy: v2 adds an agent on ``extra`` and a table ``seen``, both of 6
+    partitions like the running group. The new group has as many topics and sorts first, so
+    it took id 6 in the mixed window and the running table's tasks were renamed twice (3 of 6
+    table partitions moved at the first restart). Now the group every worker reads keeps 6 at
+    every step, rolling forward and back; the new topics' group is hashed until it merges."""
+    steps = [
+        {"w1": V1, "w2": V1, "w3": V1},
+        {"w1": V1, "w2": V1, "w3": V2},
+        {"w1": V2, "w2": V1, "w3": V2},
+        {"w1": V2, "w2": V2, "w3": V2},
+    ]
+    for subscriptions in steps if order == "deploy" else reversed(steps):
+        topology = faust_style_topology(subscriptions, ALL_SIX)
+        assert topology.subtopology_of("src") == 6
+        assert topology.subtopology_of("rp-counts-changelog") == 6
+        if "extra" in topology.source_topics:
+            mixed = len({tuple(s) for s in subscriptions.values()}) > 1
+            assert (topology.subtopology_of("extra") >= FAUST_HASHED_ID_BASE) == mixed
+
+
+def test_without_a_group_read_by_every_worker_the_most_topics_keep_the_id() -> None:
+    """Two kinds of workers reading different topics of one count: no group's readers include
+    the other's, so the rule before applies (the most topics, then the first name), and a
+    worker joining with another's subscription changes no id."""
+    counts = {"a": 4, "b": 4, "c": 4}
+    before = faust_style_topology({"m1": ["a"], "m2": ["b", "c"]}, counts)
+    assert before.subtopology_of("b") == 4
+    assert before.subtopology_of("a") >= FAUST_HASHED_ID_BASE
+    grown = faust_style_topology({"m1": ["a"], "m2": ["b", "c"], "m3": ["a"], "m4": ["a"]}, counts)
+    assert grown == before
