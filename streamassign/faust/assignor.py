@@ -251,18 +251,9 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
         self.metadata_watch = MetadataWatch()
         #: Reports fatal join errors Faust never reads, so the worker joins again (``_watch``).
         self.join_errors = JoinErrors()
-        #: Which topics the leader / this member logged as missing, and the topology error the
-        #: leader logged: each is logged once (a retry comes every 1 to 30 s), the repeats at
-        #: DEBUG, and their end once. The leader's are forgotten after a round another worker
-        #: led (``_end_round``): they would tell a later incident from one long ago.
-        self._leader_missing = Repeats()
-        self._leader_topology_errors = Repeats()
-        #: The process ids the leader logged as announced with several URLs (copied state
-        #: directories): each clash is logged once, forgotten as the two above are.
-        self._leader_shared_ids = Repeats()
-        #: The table changelogs the leader logged as left without a topic of their partition
-        #: count (partitions added to a source topic?), forgotten as the three above are.
-        self._leader_lone_changelogs = Repeats()
+        self._forget_leader_logs()
+        #: Which of its topics this member logged as missing: logged once (a retry comes every
+        #: 1 to 30 s), the repeats at DEBUG, and their end once.
         self._member_missing = Repeats()
         #: The damaged table directories this member could not move aside (logged once per
         #: set, as every join finds them again; a set it moved is always news).
@@ -595,11 +586,20 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
         as leader, so that leading again logs a missing topic or a topology error as news (and
         does not announce, long after, the end of an incident another leader saw end)."""
         if not self._leading:
-            self._leader_missing = Repeats()
-            self._leader_topology_errors = Repeats()
-            self._leader_shared_ids = Repeats()
-            self._leader_lone_changelogs = Repeats()
+            self._forget_leader_logs()
         self._leading = False
+
+    def _forget_leader_logs(self) -> None:
+        """What this worker logged as leader, each logged once (a retry comes every 1 to 30 s),
+        the repeats at DEBUG, and their end once: which topics it logged as missing, the
+        topology error, the process ids announced with several URLs (copied state
+        directories), and the table changelogs left without a topic of their partition count
+        (partitions added to a source topic?). Forgotten after a round another worker led
+        (``_end_round``): they would tell a later incident from one long ago."""
+        self._leader_missing = Repeats()
+        self._leader_topology_errors = Repeats()
+        self._leader_shared_ids = Repeats()
+        self._leader_lone_changelogs = Repeats()
 
     def _reverify_table_sources(self) -> None:
         """Make each table check its source topic's partition count against its changelog's

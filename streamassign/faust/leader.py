@@ -278,12 +278,10 @@ def assign_faust(
     ``topology_errors``: the error this leader logged last when the topics cannot be grouped
     (the assignor keeps one): the same again is logged at DEBUG, not ERROR (members retry every
     1 to 30 s), and one INFO line says when they group again; None: every one at ERROR.
-    ``shared_ids``: the process ids this leader logged last as announced with several URLs (a
-    copied state directory; each URL is then a worker of its own, ``streams.process_keys``),
-    each such clash logged at WARNING once; None: at every rebalance. ``lone_changelogs``: the
-    table changelogs this leader logged last as having a partition count none of their
-    subscribers' other topics has (``_warn_lone_changelogs``), each logged at WARNING once;
-    None: at every rebalance."""
+    ``shared_ids``, ``lone_changelogs``: what this leader logged last at WARNING, each logged
+    once (None: at every rebalance): process ids announced with several URLs (a copied state
+    directory; each URL is then a worker of its own, ``streams.process_keys``), and table
+    changelogs no topic of their partition count is read beside (``_warn_lone_changelogs``)."""
     if not members:
         return {}
     version = common_version(members, leader_version)
@@ -292,12 +290,8 @@ def assign_faust(
     )
     subscriptions = {m: s.topics for m, s in members.items()}
     empty = AssignmentInfo(version=version, common_version=version)
-    incomplete = {
-        m: MemberAssignment(
-            (), attrs.evolve(empty, error_code=ErrorCode.INCOMPLETE_SOURCE_TOPIC_METADATA)
-        )
-        for m in members
-    }
+    failed = attrs.evolve(empty, error_code=ErrorCode.INCOMPLETE_SOURCE_TOPIC_METADATA)
+    incomplete = {m: MemberAssignment((), failed) for m in members}
     required = changelogs | globals_ | frozenset(required_topics)
     if _waiting_for_metadata(subscriptions, partition_counts, required, missing_topics_level):
         return incomplete
