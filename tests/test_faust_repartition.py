@@ -220,10 +220,11 @@ def test_a_source_grown_past_its_changelog_is_said_once_and_still_assigned(
     said nothing. Now one WARNING names both counts and the remedy, repeats at DEBUG, one
     INFO line once they match again; every round still assigns every partition."""
     logged = Repeats()
-    members = {f"m{i}": leader_member(i) for i in range(3)}
-    grown = {SRC: 8, CL: 6}
+    leader_topic = "shop-__assignor-__leader"  # Faust's: read by every worker, no source
+    members = {f"m{i}": leader_member(i, LEADER_TOPICS | {leader_topic}) for i in range(3)}
+    grown = {SRC: 8, CL: 6, leader_topic: 1}
     with caplog.at_level(logging.DEBUG, "streamassign.faust"):
-        for counts in (LEADER_COUNTS, grown, grown, {SRC: 8, CL: 8}):
+        for counts in ({**grown, SRC: 6}, grown, grown, {**grown, CL: 8}):
             result = assign_faust(
                 members,
                 counts,

@@ -376,6 +376,11 @@ def _warn_lone_changelogs(
         )
 
 
+#: How the name of Faust's leader topic ends (``<app>-__assignor-__leader``, one partition):
+#: every worker reads it and no table is fed from it.
+_FAUST_LEADER_TOPIC = "-__assignor-__leader"
+
+
 def _lone_changelogs(
     subscriptions: Mapping[str, frozenset[str]],
     partition_counts: Mapping[str, int],
@@ -392,7 +397,9 @@ def _lone_changelogs(
             t: partition_counts[t]
             for topics in readers
             for t in topics
-            if t in partition_counts and t not in changelogs | globals_
+            if t in partition_counts
+            and t not in changelogs | globals_
+            and not t.endswith(_FAUST_LEADER_TOPIC)
         }
         if count is not None and sources and count not in sources.values():
             lone.add((changelog, count, tuple(sorted(sources.items()))))
