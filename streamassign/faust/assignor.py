@@ -624,8 +624,9 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
         leader (a follower's is empty, or stale from a round it led), so the check passed on
         every follower. Live, after a source grew 6 -> 8, only the leader's agent raised
         ``PartitionsMismatch``; two followers wrote to changelog partition 6 (which does not
-        exist) and exited. aiokafka reads a snapshot only after a round its worker led,
-        and makes it anew in that round; this runs on aiokafka's own thread. Never raises:
+        exist) and exited. aiokafka compares the snapshot with fresh metadata only in a
+        round its worker leads, and makes it anew in that round (a difference it meets first
+        costs one more rebalance at most); this runs on aiokafka's own thread. Never raises:
         an aiokafka without the snapshot is left alone."""
         coordinator = getattr(self._consumer(), "_coordinator", None)
         snapshot = getattr(coordinator, "_metadata_snapshot", None)
