@@ -83,6 +83,7 @@ from ._watch import JoinErrors, MetadataWatch, unsized
 from .leader import (
     CAPACITY_TAG,
     CHANGELOGS_TAG,
+    DISK_TABLES_TAG,
     GLOBAL_CHANGELOGS_TAG,
     MAX_CAPACITY,
     RECOVERED_TAG,
@@ -250,15 +251,9 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
         self.metadata_watch = MetadataWatch()
         #: Reports fatal join errors Faust never reads, so the worker joins again (``_watch``).
         self.join_errors = JoinErrors()
-        #: Which topics the leader / this member logged as missing, and the topology error the
-        #: leader logged: each is logged once (a retry comes every 1 to 30 s), the repeats at
-        #: DEBUG, and their end once. The leader's are forgotten after a round another worker
-        #: led (``_end_round``): they would tell a later incident from one long ago.
-        self._leader_missing = Repeats()
-        self._leader_topology_errors = Repeats()
-        #: The process ids the leader logged as announced with several URLs (copied state
-        #: directories): each clash is logged once, forgotten as the two above are.
-        self._leader_shared_ids = Repeats()
+        self._forget_leader_logs()
+        #: Which of its topics this member logged as missing: logged once (a retry comes every
+        #: 1 to 30 s), the repeats at DEBUG, and their end once.
         self._member_missing = Repeats()
         #: The damaged table directories this member could not move aside (logged once per
         #: set, as every join finds them again; a set it moved is always news).
@@ -387,6 +382,7 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
         if c := self._capacity():
             tags[CAPACITY_TAG] = str(c)
         tags[RECOVERED_TAG] = "1" if self._recovery_completed() else "0"
+        tags[DISK_TABLES_TAG] = "1" if self._has_disk_tables_at_all() else "0"
         return SubscriptionInfo(
             self._process_id or uuid.uuid4(),
             endpoint=str(self.app.conf.canonical_url),
@@ -433,6 +429,7 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
                 missing_topics_level=self._missing_level(missing),
                 topology_errors=self._leader_topology_errors,
                 shared_ids=self._leader_shared_ids,
+                lone_changelogs=self._leader_lone_changelogs,
             )
             out = {m: encode_assignment(a.partitions, a.info.encode()) for m, a in result.items()}
         except Exception as exc:
@@ -449,7 +446,9 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
         worker runs what Kafka assigned it, keeps its last good assignment (what it reports and
         saves) and its topic groups, and rejoins with backoff."""
         kafka = frozenset(TP(t, p) for t, ps in assignment.assignment for p in ps)
+        led = self._leading
         self._end_round()
+        self._reverify_table_sources()
         try:
             info = AssignmentInfo.decode(assignment.user_data or b"")
         except ProtocolError as exc:
@@ -481,6 +480,8 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
         if self._member_missing.ended():
             log.info("the topics waited for exist: partitions assigned again")
         self._view = self._build_view(info, kafka)
+        if not led:  # the leader's snapshot is aiokafka's own, made from the same metadata
+            self._share_partition_counts(info)
         self._log_restores_from_scratch(info)
         self.info = info
         self._assigned = True
@@ -568,6 +569,7 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
 
     def _on_fausts_assignment(self) -> None:
         self._end_round()
+        self._reverify_table_sources()
         self.join_errors.joined()
         self._recovery_joined()
         if self._fausts_in_use is None:
@@ -584,10 +586,53 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
         as leader, so that leading again logs a missing topic or a topology error as news (and
         does not announce, long after, the end of an incident another leader saw end)."""
         if not self._leading:
-            self._leader_missing = Repeats()
-            self._leader_topology_errors = Repeats()
-            self._leader_shared_ids = Repeats()
+            self._forget_leader_logs()
         self._leading = False
+
+    def _forget_leader_logs(self) -> None:
+        """What this worker logged as leader, each logged once (a retry comes every 1 to 30 s),
+        the repeats at DEBUG, and their end once: which topics it logged as missing, the
+        topology error, the process ids announced with several URLs (copied state
+        directories), and the table changelogs left without a topic of their partition count
+        (partitions added to a source topic?). Forgotten after a round another worker led
+        (``_end_round``): they would tell a later incident from one long ago."""
+        self._leader_missing = Repeats()
+        self._leader_topology_errors = Repeats()
+        self._leader_shared_ids = Repeats()
+        self._leader_lone_changelogs = Repeats()
+
+    def _reverify_table_sources(self) -> None:
+        """Make each table check its source topic's partition count against its changelog's
+        again at its next write. Faust checks it once per process and caches the answer
+        (``Table._verified_source_topics_for_partitions``): after partitions were added to a
+        source topic, a running worker never checked again, and an assignment that parts a
+        source partition from its table partition let it write values it built from an empty
+        table (or write to a changelog partition that does not exist, which crashes Faust's
+        producer). Checked again, the write raises Faust's own ``PartitionsMismatch`` naming
+        both counts, before the store or the changelog is touched. Each assignment, on
+        either protocol: the metadata that made it is the one the check reads. Another Faust
+        version without the cache is left alone (getattr)."""
+        for table in self._tables():
+            verified = getattr(table, "_verified_source_topics_for_partitions", None)
+            if isinstance(verified, set):
+                verified.clear()
+
+    def _share_partition_counts(self, info: AssignmentInfo) -> None:
+        """Put the partition counts this assignment was made from (its topic dictionary) where
+        Faust's table check reads them: Faust's driver answers ``topic_partitions`` from the
+        aiokafka coordinator's metadata snapshot, which aiokafka keeps only on the group
+        leader (a follower's is empty, or stale from a round it led), so the check passed on
+        every follower. Live, after a source grew 6 -> 8, only the leader's agent raised
+        ``PartitionsMismatch``; two followers wrote to changelog partition 6 (which does not
+        exist) and exited. aiokafka compares the snapshot with fresh metadata only in a
+        round its worker leads, and makes it anew in that round (a difference it meets first
+        costs one more rebalance at most); this runs on aiokafka's own thread. Never raises:
+        an aiokafka without the snapshot is left alone."""
+        coordinator = getattr(self._consumer(), "_coordinator", None)
+        snapshot = getattr(coordinator, "_metadata_snapshot", None)
+        if isinstance(snapshot, dict):
+            for topics in info.topics.values():
+                snapshot.update(topics)
 
     def _fallback_view(self, kafka: frozenset[TP]) -> _View:
         """After a failed assignment: Kafka's partitions as actives, the last good topic groups
@@ -783,6 +828,10 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
             if not table.is_global
             and task.partition < topics.get(table.changelog_topic.get_topic_name(), 0)
         ]
+
+    def _has_disk_tables_at_all(self) -> bool:
+        """Whether a (not global) table of this app keeps its state on disk (RocksDB)."""
+        return any(keeps_state_on_disk(disk_store(t)) for t in self._tables() if not t.is_global)
 
     def _has_disk_tables(self, task: TaskId, topics: Mapping[str, int]) -> bool:
         """Whether ``task`` has a table whose state survives a restart (RocksDB)."""

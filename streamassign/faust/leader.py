@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -73,6 +73,7 @@ from .topology import _hashed_id, _next_hashed_id, faust_style_topology
 __all__ = [
     "CAPACITY_TAG",
     "CHANGELOGS_TAG",
+    "DISK_TABLES_TAG",
     "GLOBAL_CHANGELOGS_TAG",
     "MAX_CAPACITY",
     "RECOVERED_TAG",
@@ -98,7 +99,12 @@ GLOBAL_CHANGELOGS_TAG = "streamassign.global-changelogs"
 #: since it started, ``0`` before: whether its running claims are its first restore
 #: (``_duplicate_claims_caught_up``); stripped before assignment.
 RECOVERED_TAG = "streamassign.recovered"
-_OWN_TAGS = (CAPACITY_TAG, CHANGELOGS_TAG, GLOBAL_CHANGELOGS_TAG, RECOVERED_TAG)
+#: Client tag: ``1`` when the worker's (non-global) tables keep state on disk (RocksDB), ``0``
+#: when they keep none across a restart: whether a claim it makes without an offset sum on a
+#: task that is stateful now is a stateless claim it made when the task was stateless
+#: (``_return_restarted``); stripped before assignment.
+DISK_TABLES_TAG = "streamassign.disk-tables"
+_OWN_TAGS = (CAPACITY_TAG, CHANGELOGS_TAG, GLOBAL_CHANGELOGS_TAG, RECOVERED_TAG, DISK_TABLES_TAG)
 
 #: The largest capacity (weight) a worker may report: a Faust worker is one event loop, so a
 #: weight past this is no real machine; the leader ignores larger claims (logged).
@@ -261,6 +267,7 @@ def assign_faust(
     missing_topics_level: int = logging.WARNING,
     topology_errors: Repeats | None = None,
     shared_ids: Repeats | None = None,
+    lone_changelogs: Repeats | None = None,
 ) -> dict[str, MemberAssignment]:
     """Assignment of every member (see the module docstring). Never raises for bad members or
     topics: unreadable members have no history. A subscribed table changelog or
@@ -271,9 +278,10 @@ def assign_faust(
     ``topology_errors``: the error this leader logged last when the topics cannot be grouped
     (the assignor keeps one): the same again is logged at DEBUG, not ERROR (members retry every
     1 to 30 s), and one INFO line says when they group again; None: every one at ERROR.
-    ``shared_ids``: the process ids this leader logged last as announced with several URLs (a
-    copied state directory; each URL is then a worker of its own, ``streams.process_keys``),
-    each such clash logged at WARNING once; None: at every rebalance."""
+    ``shared_ids``, ``lone_changelogs``: what this leader logged last at WARNING, each logged
+    once (None: at every rebalance): process ids announced with several URLs (a copied state
+    directory; each URL is then a worker of its own, ``streams.process_keys``), and table
+    changelogs no topic of their partition count is read beside (``_warn_lone_changelogs``)."""
     if not members:
         return {}
     version = common_version(members, leader_version)
@@ -282,12 +290,8 @@ def assign_faust(
     )
     subscriptions = {m: s.topics for m, s in members.items()}
     empty = AssignmentInfo(version=version, common_version=version)
-    incomplete = {
-        m: MemberAssignment(
-            (), attrs.evolve(empty, error_code=ErrorCode.INCOMPLETE_SOURCE_TOPIC_METADATA)
-        )
-        for m in members
-    }
+    failed = attrs.evolve(empty, error_code=ErrorCode.INCOMPLETE_SOURCE_TOPIC_METADATA)
+    incomplete = {m: MemberAssignment((), failed) for m in members}
     required = changelogs | globals_ | frozenset(required_topics)
     if _waiting_for_metadata(subscriptions, partition_counts, required, missing_topics_level):
         return incomplete
@@ -297,6 +301,7 @@ def assign_faust(
     if grouped is None:
         return incomplete
     topology, tasks = grouped
+    _warn_lone_changelogs(subscriptions, partition_counts, changelogs, globals_, lone_changelogs)
     result = {m: MemberAssignment((), empty) for m in members}
     # The rebalance's budget (logged per member); no hand-back from a copied state directory.
     members = without_copied_claims(bounded_claims(members, tasks))
@@ -328,6 +333,77 @@ def _group_topics(
     if logged is not None and logged.ended():
         log.info("the subscribed topics group now: assigning tasks again")
     return topology, tasks
+
+
+def _warn_lone_changelogs(
+    subscriptions: Mapping[str, frozenset[str]],
+    partition_counts: Mapping[str, int],
+    changelogs: frozenset[str],
+    globals_: frozenset[str],
+    logged: Repeats | None,
+) -> None:
+    """One WARNING per table changelog (not global) whose partition count no other topic its
+    subscribers read has: partitions added to the table's source topic, most likely. Faust
+    grouping by count then parts the table from its source, and Faust's tables raise
+    ``PartitionsMismatch`` on every write (``PartitionAssignor`` makes them check again at
+    each assignment). The same situation again at DEBUG; one INFO line once none is left.
+
+    Only said, never refused: a table fed by no topic of its count (written from a timer, a
+    table never written yet) is legal, and the leader cannot tell a table's source topic
+    from the others (Faust records it only when the table is first written)."""
+    lone = _lone_changelogs(subscriptions, partition_counts, changelogs, globals_)
+    previous = logged.reported if logged is not None else None
+    if not lone:
+        if logged is not None and logged.ended():
+            log.info("every table changelog has a topic of its partition count to read again")
+        return
+    seen = previous if isinstance(previous, frozenset) else frozenset()
+    if logged is not None:
+        logged.changed(lone)
+    for changelog, count, others in sorted(lone):
+        log.log(
+            logging.DEBUG if (changelog, count, others) in seen else logging.WARNING,
+            "table changelog %s has %d partitions, but no topic the workers reading it consume "
+            "has %d (%s): were partitions added to the table's source topic? Its writes fail "
+            "with Faust's PartitionsMismatch until the counts match: stop the app, then grow "
+            "the changelog (and any repartition topic) to the source's count, or reset the "
+            'app (docs/faust.md, "Adding partitions to a topic on a live fleet"); repeats '
+            "logged at DEBUG",
+            changelog,
+            count,
+            count,
+            ", ".join(f"{t} {n}" for t, n in others),
+        )
+
+
+#: How the name of Faust's leader topic ends (``<app>-__assignor-__leader``, one partition):
+#: every worker reads it and no table is fed from it.
+_FAUST_LEADER_TOPIC = "-__assignor-__leader"
+
+
+def _lone_changelogs(
+    subscriptions: Mapping[str, frozenset[str]],
+    partition_counts: Mapping[str, int],
+    changelogs: frozenset[str],
+    globals_: frozenset[str],
+) -> frozenset[tuple[str, int, tuple[tuple[str, int], ...]]]:
+    """``(changelog, its count, (topic, count) of the other topics its readers consume)`` for
+    each table changelog (not global) whose count none of those topics has."""
+    lone = set()
+    for changelog in changelogs - globals_:
+        count = partition_counts.get(changelog)
+        readers = [topics for topics in subscriptions.values() if changelog in topics]
+        sources = {
+            t: partition_counts[t]
+            for topics in readers
+            for t in topics
+            if t in partition_counts
+            and t not in changelogs | globals_
+            and not t.endswith(_FAUST_LEADER_TOPIC)
+        }
+        if count is not None and sources and count not in sources.values():
+            lone.add((changelog, count, tuple(sorted(sources.items()))))
+    return frozenset(lone)
 
 
 def _waiting_for_metadata(
@@ -393,7 +469,14 @@ class _FaustRuns:
         sums = _offset_sums(members, by_process)  # a merge per process: once a round
         clients = _with_capacities(
             _duplicate_claims_caught_up(
-                _return_restarted(clients, members, by_process, sums),
+                _return_restarted(
+                    clients,
+                    members,
+                    by_process,
+                    sums,
+                    stateful_subs,
+                    _disk_tables(members, by_process),
+                ),
                 sums,
                 _recovered(members, by_process),
             )
@@ -558,6 +641,8 @@ def _return_restarted(
     members: Mapping[str, MemberSubscription],
     by_process: Mapping[str, Sequence[str]],
     sums: Mapping[str, Mapping[TaskId, int]],
+    stateful_subs: Collection[int] = (),
+    disk_tables: Collection[str] = (),
 ) -> list[ClientState]:
     """A restarted worker (it runs nothing yet) is the previous owner again of the tasks it ran
     before it stopped and has no local state of (stateless tasks, in-memory tables); the worker
@@ -566,8 +651,20 @@ def _return_restarted(
     RocksDB tables it has nothing readable of on disk, which the member reports at offset 0
     (``PartitionAssignor._held_offset_sum``), not as stateless. ``sums``: each
     process's offset sums (``_offset_sums``).
+
+    Nor does a task of a group that is stateful now (``stateful_subs``) claimed by a process
+    with on-disk tables (a member of it announces ``DISK_TABLES_TAG`` 1, in
+    ``disk_tables``): such a member reports a stateful task at least at 0, so a claim without
+    a sum is one it made when the task was stateless (its saved assignment named the group
+    without the table: a source grown past its changelog, then the changelog grown to
+    match). Handed back, the task was restored from scratch while warm standbys existed.
     """
     home = stateless_returns(sums, previous_actives(members, by_process))
+    home = {
+        t: key
+        for t, key in home.items()
+        if t.subtopology not in stateful_subs or key not in disk_tables
+    }
     if not home:
         return clients
     out = []
@@ -631,6 +728,20 @@ def _duplicate_claims_caught_up(
             client = attrs.evolve(client, lags={**dict.fromkeys(claimed, 0), **client.lags})
         out.append(client)
     return out
+
+
+def _disk_tables(
+    members: Mapping[str, MemberSubscription], by_process: Mapping[str, Sequence[str]]
+) -> frozenset[str]:
+    """The processes with a member announcing ``DISK_TABLES_TAG`` 1."""
+    return frozenset(
+        key
+        for key, ms in by_process.items()
+        if any(
+            (info := members[m].info) is not None and info.client_tags.get(DISK_TABLES_TAG) == "1"
+            for m in ms
+        )
+    )
 
 
 def _recovered(

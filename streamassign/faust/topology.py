@@ -49,9 +49,11 @@ def faust_style_topology(
     subtopology, and are co-partitioned. Subtopology ids are stable (see ``docs/topology.md``):
 
     * a group that is alone with its partition count ``n`` gets id ``n``;
-    * when several groups share ``n``, the one with the most topics (ties: the smallest first
-      topic name) keeps ``n``, the others get ``FAUST_HASHED_ID_BASE + blake2b(n, topics) mod
-      (2**31 - FAUST_HASHED_ID_BASE)``, probing upward on the (rare) collision.
+    * when several groups share ``n``, the one whose subscribers include every other group's
+      keeps ``n`` (if none does: the one with the most topics, ties: the smallest first topic
+      name), the others get
+      ``FAUST_HASHED_ID_BASE + blake2b(n, topics) mod (2**31 - FAUST_HASHED_ID_BASE)``,
+      probing upward on the (rare) collision.
 
     So ids never depend on member ids, adding a topic with a new count renumbers nothing, and a
     member joining with an existing member's subscription changes nothing. Topics absent from
@@ -119,15 +121,15 @@ def _subtopology_ids(
     by_key: dict[tuple[int, frozenset[str]], list[str]] = {}
     for topic, n in counts.items():
         by_key.setdefault((n, frozenset(subscribers[topic])), []).append(topic)
-    by_count: dict[int, list[tuple[str, ...]]] = {}
-    for (n, _members), topics in by_key.items():
-        by_count.setdefault(n, []).append(tuple(sorted(topics)))
+    by_count: dict[int, list[tuple[frozenset[str], tuple[str, ...]]]] = {}
+    for (n, members), topics in by_key.items():
+        by_count.setdefault(n, []).append((members, tuple(sorted(topics))))
     ids: dict[tuple[str, ...], int] = {}
     hashed: list[tuple[int, tuple[str, ...]]] = []
     for n, groups in by_count.items():
-        groups.sort(key=lambda g: (-len(g), g[0]))
-        ids[groups[0]] = n
-        hashed.extend((n, g) for g in groups[1:])
+        plain = _plain_group(groups)
+        ids[plain] = n
+        hashed.extend((n, g) for _members, g in groups if g != plain)
     taken: set[int] = set()
     for n, group in sorted(hashed):
         sid = _hashed_id(n, group)
@@ -136,6 +138,24 @@ def _subtopology_ids(
         taken.add(sid)
         ids[group] = sid
     return ids
+
+
+def _plain_group(groups: list[tuple[frozenset[str], tuple[str, ...]]]) -> tuple[str, ...]:
+    """The topics of the group (subscribers, topics) that keeps its count as its id: the one
+    whose subscribers include every other group's, if there is one, else the one with the most
+    topics (ties: the smallest first topic).
+
+    A rolling deploy that adds topics of a running group's count leaves the running group read
+    by every worker and the new one by the upgraded workers only (a roll-back, the reverse),
+    so the running group keeps its id and its tasks their names, where the topic count gave
+    the id to a new group of as many topics (the running table group was renamed twice).
+    Inclusion, not the number of subscribers: a member joining with another's subscription
+    joins exactly that member's groups, which keeps every inclusion as it was, so ids still
+    never change when one joins (a count could tip over)."""
+    for members, topics in groups:
+        if all(other <= members for other, _topics in groups):
+            return topics
+    return min((topics for _members, topics in groups), key=lambda g: (-len(g), g[0]))
 
 
 def _stores_by_group(
