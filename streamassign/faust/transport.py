@@ -63,6 +63,7 @@ from ..repeats import Repeats
 from ._app import exactly_once, recovery_interrupted
 from ._eos import warn_if_exactly_once
 from ._flowstop import ASSIGNING, JOINING, RECOVERING, REVOKING, FlowStop, Step
+from ._freeze import FreezeWatch, Frozen, StreamLook
 from ._proven import ProvenOffsets, changelog_stores, proofs_file
 from ._stallhold import StallHoldProducer
 from ._storefail import StoreFailure, StoreFailureGuard, crash_app
@@ -232,6 +233,16 @@ def _is_offset(offset: object) -> bool:
     return isinstance(offset, int) and not isinstance(offset, bool) and offset >= 0
 
 
+def _readable_end(state: Any) -> int | None:
+    """The offset a partition can be read up to as aiokafka last fetched it: its highwater,
+    or its last stable offset when lower (a transaction still open: under read_committed
+    nothing past it is handed out, whatever waits behind)."""
+    ends = [
+        e for e in (getattr(state, "highwater", None), getattr(state, "lso", None)) if e is not None
+    ]
+    return min(ends) if ends else None
+
+
 def _abandon_commit_requests(consumer: Any) -> None:
     """Mark seen the failure of each offset commit request still under way when the consumer
     thread stops (a stop that abandoned a commit sent into a cut: the method queue's stop
@@ -344,6 +355,11 @@ class _Consumer(faust_aiokafka.Consumer):
     #: worker warns (Faust warns too, but every 5 s for ever and without offsets).
     recovery_stall_after: float = 30.0
 
+    #: Seconds an assigned stream partition with records waiting may receive nothing, the flow
+    #: resumed and no rebalance under way, before the worker warns (``_freeze``); None: two
+    #: ``broker_request_timeout`` (a fetch from a broker that went away fails after one).
+    stream_freeze_after: float | None = None
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         #: Stream partitions Faust resumed, held paused until the next ``resume_flow()``.
@@ -360,6 +376,13 @@ class _Consumer(faust_aiokafka.Consumer):
         self._recovery_stall_told = False
         #: Warns when a rebalance keeps the flow stopped (the current episode, if any).
         self._flow_watch = _Ticker(self._on_flow_watch)
+        #: Warns when an assigned stream partition receives nothing while it could (started
+        #: at the first rebalance's release, then for the worker's life).
+        self._freeze_watch = _Ticker(self._on_freeze_watch)
+        self._freeze: FreezeWatch | None = None
+        #: Stream partitions the app paused itself (outside a rebalance): not frozen. Faust's
+        #: recovery resumes every stream partition, so a rebalance forgets them.
+        self._app_paused: set[TP] = set()
         #: Since when each assigned stream partition counts as started, for Faust's "Stream
         #: has not started processing" (``monotonic()``, Faust's livelock clock): its
         #: assignment, then the ``resume_flow()`` at which its records could flow
@@ -428,11 +451,14 @@ class _Consumer(faust_aiokafka.Consumer):
             self._hold(streams)
             if tps - streams:
                 self._watch_recovery()
+        self._app_paused -= tps
         super().resume_partitions(tps - streams)
 
     def pause_partitions(self, tps: Iterable[TP]) -> None:
         tps = set(tps)
         self._held_streams -= tps
+        if not self._rebalancing_or_stopping():  # Faust pauses only then: the app's own
+            self._app_paused |= {tp for tp in tps if not self._is_changelog_tp(tp)}
         if not self._held_streams:
             self._hold_watch.stop()
         super().pause_partitions(tps)
@@ -445,6 +471,7 @@ class _Consumer(faust_aiokafka.Consumer):
         resumed is another rebalance. The watch's hooks never stop Faust's callbacks. Every
         revoke also starts the stream partitions' hold (``resume_partitions``)."""
         self._streams_pending, self._assigned_since_revoke = True, False
+        self._app_paused.clear()
         evented, self._evented_before_rebalance = self._evented_before_rebalance, frozenset()
         self._restarting |= evented
         self._flow_hook(self._flow_revoked)
@@ -708,6 +735,8 @@ class _Consumer(faust_aiokafka.Consumer):
         self._restart_streams(now)  # after the release: the released ones can flow
         if self._streams_pending and self._assigned_since_revoke:
             self._streams_pending = not self._streams_released(held)
+        if not self._streams_pending:
+            self._watch_freezes()
         self._flow_hook(self._flow_resumed)
 
     def _streams_released(self, held: set[TP]) -> bool:
@@ -859,6 +888,110 @@ class _Consumer(faust_aiokafka.Consumer):
         if line is not None:
             log.warning(line)
         return True
+
+    def _rebalancing_or_stopping(self) -> bool:
+        return bool(
+            self.app.rebalancing
+            or self._streams_pending
+            or self.should_stop
+            or self.app.should_stop
+        )
+
+    def _freeze_bound(self) -> float:
+        if self.stream_freeze_after is not None:
+            return float(self.stream_freeze_after)
+        return 2 * float(self.app.conf.broker_request_timeout)
+
+    def _watch_freezes(self) -> None:
+        if self._freeze is None:
+            self._freeze = FreezeWatch(self._freeze_bound())
+        # Several looks per bound, so that a freeze is told soon after it lasted that long.
+        self._freeze_watch.start(self._freeze.bound / 4)
+
+    def _on_freeze_watch(self) -> bool:
+        """Has each assigned stream partition with records waiting received something within
+        the bound? Looks only while the flow is resumed and no rebalance or recovery is under
+        way (the clocks restart otherwise: the other watches cover those). One WARNING per
+        freeze (``_report_frozen``), one INFO line when a reported partition moves again."""
+        watch = self._freeze
+        if watch is None or self.should_stop or self.app.should_stop:
+            return False
+        recovery: Any = getattr(self.app.tables, "recovery", None)
+        in_recovery = bool(getattr(recovery, "in_recovery", False))
+        if not self.flow_active or self._rebalancing_or_stopping() or in_recovery:
+            watch.restart()
+            return True
+        received = int(getattr(self.app.monitor, "messages_received_total", 0) or 0)
+        now = asyncio.get_running_loop().time()
+        frozen, moving = watch.look(now, self._stream_looks(), received)
+        if frozen:
+            self._report_frozen(frozen)
+        if moving:
+            log.info("stream partitions %s receive records again", sorted(moving)[:10])
+        return True
+
+    def _stream_looks(self) -> dict[TP, StreamLook]:
+        """The assigned stream partitions the app did not pause: aiokafka's fetch position and
+        last fetched highwater of each, and where Faust's consumer has it. Read without a lock
+        from aiokafka's thread (a snapshot: the watch compares looks a period apart)."""
+        consumer = getattr(self._thread, "_consumer", None)
+        assignment = current_assignment(consumer)
+        if consumer is None or assignment is None:
+            return {}
+        active = self._active_partitions or set()
+        buffer_full = self._buffered_partitions
+        looks = {}
+        for tp in consumer.assignment():
+            tp = TP(tp.topic, tp.partition)
+            state = assignment.state_value(tp)
+            if state is None or self._is_changelog_tp(tp) or tp in self._app_paused:
+                continue
+            looks[tp] = StreamLook(
+                position=getattr(state, "_position", None),
+                highwater=_readable_end(state),
+                paused_by_faust=tp not in active and tp not in buffer_full,
+                buffer_full=tp in buffer_full,
+            )
+        return looks
+
+    def _report_frozen(self, frozen: list[Frozen]) -> None:
+        """One WARNING naming the frozen partitions with their positions and lag. Those left
+        out of Faust's active set (paused in Faust's consumer after the rebalance ended, not by
+        the app nor by its flow control) are resumed: Faust's recovery resumes every stream
+        partition and sought them to their committed offsets, and nothing of them was handed
+        out since, so they resume where Faust's commits stand."""
+        paused = {f.partition for f in frozen if f.paused_by_faust}
+        if paused:
+            super().resume_partitions(paused)
+        fetching = fetch_states(
+            getattr(self._thread, "_consumer", None), [f.partition for f in frozen]
+        )
+        rows = ", ".join(
+            f"{f.partition.topic}[{f.partition.partition}] at {f.position} of {f.highwater} "
+            f"(lag {'?' if f.lag is None else f.lag}; still for {f.still_for:.0f} s; Faust: "
+            f"{'paused' if f.paused_by_faust else 'active'}; aiokafka: "
+            f"{fetching.get(f.partition, '?')})"
+            for f in sorted(frozen, key=lambda f: f.partition)[:10]
+        )
+        if paused:
+            action = (
+                f"{len(paused)} of them were left paused in Faust's consumer after the last "
+                "rebalance (not by the app, not by its flow control): resumed them now"
+            )
+        else:
+            action = ""
+        if len(paused) < len(frozen):
+            action += "; " if action else ""
+            action += (
+                "Faust asks aiokafka for the others and gets nothing (their fetch state is "
+                "above): restart this worker (the next rebalance also ends it)"
+            )
+        log.warning(
+            "stream partitions receive nothing although records wait, the flow is resumed "
+            "and no rebalance is under way: %s; %s",
+            rows,
+            action,
+        )
 
     def _watch_recovery(self) -> None:
         if not self._recovery_watch.running:

@@ -1,0 +1,203 @@
+"""The freeze watch of the ``streamassign://`` consumer: an assigned stream partition that
+receives nothing although records wait, the flow resumed and no rebalance under way, is told
+once (and resumed if it was left paused in Faust's consumer); a partition the app paused, one
+whose agent's queue is full, one at its highwater and a worker whose fetching stopped
+altogether are not."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+faust = pytest.importorskip("faust")
+
+from faust.transport.drivers import aiokafka as faust_aiokafka  # noqa: E402
+from faust.types import TP  # noqa: E402
+
+from streamassign.faust._freeze import FreezeWatch, StreamLook  # noqa: E402
+
+S0, S1 = TP("orders", 0), TP("orders", 1)
+CHANGELOG = TP("orders-app-totals-changelog", 0)
+FROZEN = "stream partitions receive nothing although records wait"
+
+
+def moving(position: int) -> StreamLook:
+    return StreamLook(position=position, highwater=position + 100)
+
+
+def test_a_partition_still_while_the_worker_receives_is_frozen_once() -> None:
+    watch = FreezeWatch(bound=10.0)
+    still = StreamLook(position=5, highwater=9_000)
+    assert watch.look(0.0, {S0: moving(0), S1: still}, received=0) == ([], [])
+    assert watch.look(9.0, {S0: moving(50), S1: still}, received=50) == ([], [])
+    frozen, _ = watch.look(10.0, {S0: moving(60), S1: still}, received=60)
+    assert [(f.partition, f.lag, f.still_for, f.paused_by_faust) for f in frozen] == [
+        (S1, 8_995, 10.0, False)
+    ]
+    assert watch.look(30.0, {S0: moving(90), S1: still}, received=90) == ([], [])  # once
+    assert watch.look(31.0, {S0: moving(91), S1: moving(6)}, received=92) == ([], [S1])
+
+
+@pytest.mark.parametrize(
+    ("look", "received"),
+    [
+        (StreamLook(position=5, highwater=5), 60),  # at its highwater: nothing waits
+        (StreamLook(position=5, highwater=900, buffer_full=True), 60),  # a slow agent
+        (StreamLook(position=5, highwater=900), 0),  # nothing of the worker moved
+    ],
+    ids=["caught up", "queue full", "worker still"],
+)
+def test_a_still_partition_with_a_reason_is_not_frozen(look: StreamLook, received: int) -> None:
+    watch = FreezeWatch(bound=10.0)
+    watch.look(0.0, {S1: look}, received=0)
+    assert watch.look(100.0, {S1: look}, received=received) == ([], [])
+
+
+def test_a_partition_paused_in_faust_s_consumer_is_frozen_even_with_the_worker_still() -> None:
+    watch = FreezeWatch(bound=10.0)
+    paused = StreamLook(position=5, highwater=None, paused_by_faust=True)
+    watch.look(0.0, {S1: paused}, received=0)
+    frozen, _ = watch.look(10.0, {S1: paused}, received=0)
+    assert [f.partition for f in frozen] == [S1] and frozen[0].lag is None
+
+
+def test_a_restart_forgets_the_clocks_and_the_freezes_told() -> None:
+    watch = FreezeWatch(bound=10.0)
+    still = StreamLook(position=5, highwater=900, paused_by_faust=True)
+    watch.look(0.0, {S1: still}, received=0)
+    watch.restart()  # a rebalance
+    assert watch.look(9.0, {S1: still}, received=0) == ([], [])
+    assert len(watch.look(19.0, {S1: still}, received=0)[0]) == 1
+
+
+class FetchState:
+    """What the watch reads of aiokafka's state of one partition."""
+
+    def __init__(self, position: int, highwater: int) -> None:
+        self._position, self.highwater, self.lso = position, highwater, None
+        self.paused = self.awaiting_reset = False
+
+
+class AiokafkaConsumer:
+    """aiokafka's consumer as the watch reads it: the assignment and each partition's state."""
+
+    def __init__(self, states: dict[TP, FetchState]) -> None:
+        self.states = states
+        assignment = SimpleNamespace(state_value=states.get)
+        self._subscription = SimpleNamespace(subscription=SimpleNamespace(assignment=assignment))
+
+    def assignment(self) -> set[TP]:
+        return set(self.states)
+
+
+def worker(tmp_path: Path, states: dict[TP, FetchState]) -> Any:
+    """A worker after a rebalance that assigned ``states`` (and a changelog): recovered, its
+    stream partitions released, the flow resumed; the freeze watch with a 0.1 s bound."""
+    app = faust.App(
+        "orders-app",
+        broker="streamassign://localhost:1",
+        datadir=str(tmp_path),
+        PartitionAssignor="streamassign.faust:PartitionAssignor",
+    )
+    app.Table("totals", default=int)
+    consumer = app.consumer
+    consumer.stream_freeze_after = 0.1
+    consumer._thread._consumer = AiokafkaConsumer(states)
+    tps = {*states, CHANGELOG}
+    consumer.assignment = lambda: set(tps)
+    app.on_rebalance_start()
+    consumer.stop_flow()
+    consumer.pause_partitions(tps)
+    consumer.resume_partitions(set(states))  # held until resume_flow()
+    consumer.resume_flow()
+    app.on_rebalance_end()
+    return consumer
+
+
+async def run_for(consumer: Any, seconds: float, states: dict[TP, FetchState]) -> None:
+    """``seconds`` of the worker processing S0 (its position and received count moving)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        states[S0]._position += 1
+        consumer.app.monitor.messages_received_total += 1
+        await asyncio.sleep(0.01)
+
+
+def test_a_partition_left_paused_in_faust_s_consumer_is_told_and_resumed(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The audit's freeze: after a rebalance one stream partition stays out of Faust's active
+    set (whatever put it there) while its sibling flows. One WARNING with its position and lag;
+    it is resumed, and its records arriving again are told."""
+    states = {S0: FetchState(100, 9_000), S1: FetchState(2_132, 11_344)}
+
+    async def freeze() -> Any:
+        consumer = worker(tmp_path, states)
+        faust_aiokafka.Consumer.pause_partitions(consumer, {S1})  # none of ours saw it
+        await run_for(consumer, 0.4, states)
+        assert S1 in consumer._get_active_partitions()
+        states[S1]._position += 5
+        await run_for(consumer, 0.1, states)
+        return consumer
+
+    with caplog.at_level(logging.INFO, logger="streamassign.faust"):
+        consumer = asyncio.run(freeze())
+        consumer._freeze_watch.stop()
+    warnings = [r.getMessage() for r in caplog.records if FROZEN in r.getMessage()]
+    assert len(warnings) == 1
+    assert "orders[1] at 2132 of 11344 (lag 9212;" in warnings[0]
+    assert "Faust: paused" in warnings[0] and "resumed them now" in warnings[0]
+    assert "orders[0]" not in warnings[0]
+    assert f"stream partitions {[S1]} receive records again" in caplog.text
+
+
+def test_a_partition_faust_asks_for_in_vain_is_told_not_resumed(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    states = {S0: FetchState(100, 9_000), S1: FetchState(2_132, 11_344)}
+
+    async def freeze() -> None:
+        consumer = worker(tmp_path, states)
+        await run_for(consumer, 0.3, states)
+        consumer._freeze_watch.stop()
+
+    with caplog.at_level(logging.WARNING, logger="streamassign.faust"):
+        asyncio.run(freeze())
+    assert caplog.text.count(FROZEN) == 1
+    assert "Faust: active" in caplog.text and "restart this worker" in caplog.text
+    assert "resumed them" not in caplog.text
+
+
+@pytest.mark.parametrize(
+    "case", ["paused by the app", "agent's queue full", "rebalancing", "open transaction"]
+)
+def test_a_partition_still_for_a_reason_is_not_told(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, case: str
+) -> None:
+    states = {S0: FetchState(100, 9_000), S1: FetchState(2_132, 11_344)}
+
+    async def still() -> Any:
+        consumer = worker(tmp_path, states)
+        if case == "paused by the app":
+            consumer.pause_partitions({S1})  # Faust's public API, outside a rebalance
+        elif case == "agent's queue full":
+            consumer.on_buffer_full(S1)  # Faust's flow control (the conductor's callback)
+        elif case == "rebalancing":
+            consumer.app.on_rebalance_start()
+        else:  # read_committed: nothing past the last stable offset is handed out
+            states[S1].lso = states[S1]._position
+        await run_for(consumer, 0.3, states)
+        consumer._freeze_watch.stop()
+        return consumer
+
+    with caplog.at_level(logging.WARNING, logger="streamassign.faust"):
+        consumer = asyncio.run(still())
+    assert FROZEN not in caplog.text
+    if case == "paused by the app":
+        assert S1 not in consumer._get_active_partitions()  # still paused: the app's
