@@ -28,16 +28,22 @@ rebalance would leave stuck in silence: held partitions never released; a table 
 applies nothing for ``recovery_stall_after`` seconds (one WARNING per stall, with the
 partitions behind and their offsets); and a rebalance that keeps the flow stopped (a revoke,
 join, Faust callback or recovery set-up that never ends, or rebalance after rebalance: one
-WARNING per episode, ``_flowstop``). After a lost group membership (a zombie: a stall past the
-session timeout) it rewinds the tables' persisted changelog offsets to the last ones the
-membership proved, before Faust's recovery reads them (``_proven``), and its producer holds the
-changelog sends that follow such a stall until the membership is proven (sent) or lost (dropped:
-a zombie's writes from stale table state, ``_stallhold``); the offsets Faust acknowledged but
-did not commit are forgotten after a lost membership (their events' changelog sends may have
-been dropped: processed again, never committed past, ``_forget_acks_if_lost``), and no commit
-goes out after a stop that dropped held sends (``_commits_refused``). A table store
-write that fails (a full disk) stops the worker before any commit can pass the record Faust
-acks anyway (``_storefail``). Everything else is Faust's aiokafka transport unchanged.
+WARNING per episode, ``_flowstop``). A fourth says what a rebalance would leave frozen after
+it ended: an assigned stream partition that receives nothing for ``stream_freeze_after``
+seconds (two ``broker_request_timeout`` by default) while records wait, the flow is resumed
+and no rebalance is under way gets one WARNING with its position and lag, and is resumed if it
+was left paused in Faust's consumer (``_freeze``).
+
+After a lost group membership (a zombie: a stall past the session timeout) it rewinds the tables'
+persisted changelog offsets to the last ones the membership proved, before Faust's recovery reads
+them (``_proven``), and its producer holds the changelog sends that follow such a stall until the
+membership is proven (sent) or lost (dropped: a zombie's writes from stale table state,
+``_stallhold``); the offsets Faust acknowledged but did not commit are forgotten after a lost
+membership (their events' changelog sends may have been dropped: processed again, never committed
+past, ``_forget_acks_if_lost``), and no commit goes out after a stop that dropped held sends
+(``_commits_refused``). A table store write that fails (a full disk) stops the worker before any
+commit can pass the record Faust acks anyway (``_storefail``). Everything else is Faust's aiokafka
+transport unchanged.
 """
 
 from __future__ import annotations
@@ -368,21 +374,9 @@ class _Consumer(faust_aiokafka.Consumer):
         self._held_periods = 0
         #: Warns when partitions stay held (Faust's recovery never resumed the flow).
         self._hold_watch = _Ticker(self._on_hold_watch)
-        #: Warns when a table recovery stops applying changelog records.
-        self._recovery_watch = _Ticker(self._on_recovery_watch)
-        #: The recovery's applied offsets at its last progress, and when (loop time).
-        self._recovery_seen: tuple[dict[TP, int | None], float] | None = None
-        #: Whether the current stall was reported (once per stall).
-        self._recovery_stall_told = False
         #: Warns when a rebalance keeps the flow stopped (the current episode, if any).
         self._flow_watch = _Ticker(self._on_flow_watch)
-        #: Warns when an assigned stream partition receives nothing while it could (started
-        #: at the first rebalance's release, then for the worker's life).
-        self._freeze_watch = _Ticker(self._on_freeze_watch)
-        self._freeze: FreezeWatch | None = None
-        #: Stream partitions the app paused itself (outside a rebalance): not frozen. Faust's
-        #: recovery resumes every stream partition, so a rebalance forgets them.
-        self._app_paused: set[TP] = set()
+        self._init_recovery_and_freeze_watches()
         #: Since when each assigned stream partition counts as started, for Faust's "Stream
         #: has not started processing" (``monotonic()``, Faust's livelock clock): its
         #: assignment, then the ``resume_flow()`` at which its records could flow
@@ -427,6 +421,21 @@ class _Consumer(faust_aiokafka.Consumer):
             # Weak: the class-level signal keeps it (as the assignor's, ``PartitionAssignor``);
             # the app keeps its consumer (``app._consumer``), so it fires while the app lives.
             recovery_done.connect(self._on_recovery_completed, weak=True)
+
+    def _init_recovery_and_freeze_watches(self) -> None:
+        #: Warns when a table recovery stops applying changelog records.
+        self._recovery_watch = _Ticker(self._on_recovery_watch)
+        #: The recovery's applied offsets at its last progress, and when (loop time).
+        self._recovery_seen: tuple[dict[TP, int | None], float] | None = None
+        #: Whether the current stall was reported (once per stall).
+        self._recovery_stall_told = False
+        #: Warns when an assigned stream partition receives nothing while it could (started
+        #: at the first rebalance's release, then for the worker's life).
+        self._freeze_watch = _Ticker(self._on_freeze_watch)
+        self._freeze: FreezeWatch | None = None
+        #: Stream partitions the app paused itself (outside a rebalance): not frozen. Faust's
+        #: recovery resumes every stream partition, so a rebalance forgets them.
+        self._app_paused: set[TP] = set()
 
     def _new_consumer_thread(self) -> _ConsumerThread:
         return _ConsumerThread(self, loop=self.loop, beacon=self.beacon)
