@@ -984,8 +984,8 @@ class _Consumer(faust_aiokafka.Consumer):
         )
         if paused:
             action = (
-                f"{len(paused)} of them were left paused in Faust's consumer after the last "
-                "rebalance (not by the app, not by its flow control): resumed them now"
+                "those Faust has paused were left paused in its consumer after the last "
+                "rebalance (not by the app, nor by its flow control): resumed them now"
             )
         else:
             action = ""
