@@ -49,9 +49,10 @@ def test_a_partition_still_while_the_worker_receives_is_frozen_once() -> None:
     [
         (StreamLook(position=5, highwater=5), 60),  # at its highwater: nothing waits
         (StreamLook(position=5, highwater=900, buffer_full=True), 60),  # a slow agent
+        (StreamLook(position=5, highwater=900, records_buffered=True), 60),  # a slow worker
         (StreamLook(position=5, highwater=900), 0),  # nothing of the worker moved
     ],
-    ids=["caught up", "queue full", "worker still"],
+    ids=["caught up", "queue full", "fetched not taken yet", "worker still"],
 )
 def test_a_still_partition_with_a_reason_is_not_frozen(look: StreamLook, received: int) -> None:
     watch = FreezeWatch(bound=10.0)
@@ -60,8 +61,9 @@ def test_a_still_partition_with_a_reason_is_not_frozen(look: StreamLook, receive
 
 
 def test_a_partition_paused_in_faust_s_consumer_is_frozen_even_with_the_worker_still() -> None:
+    """Its records buffered in aiokafka too: Faust does not ask for them."""
     watch = FreezeWatch(bound=10.0)
-    paused = StreamLook(position=5, highwater=None, paused_by_faust=True)
+    paused = StreamLook(position=5, highwater=None, paused_by_faust=True, records_buffered=True)
     watch.look(0.0, {S1: paused}, received=0)
     frozen, _ = watch.look(10.0, {S1: paused}, received=0)
     assert [f.partition for f in frozen] == [S1] and frozen[0].lag is None
@@ -89,6 +91,7 @@ class AiokafkaConsumer:
 
     def __init__(self, states: dict[TP, FetchState]) -> None:
         self.states = states
+        self._fetcher = SimpleNamespace(_records={})  # fetched, not handed to Faust yet
         assignment = SimpleNamespace(state_value=states.get)
         self._subscription = SimpleNamespace(subscription=SimpleNamespace(assignment=assignment))
 
@@ -175,7 +178,14 @@ def test_a_partition_faust_asks_for_in_vain_is_told_not_resumed(
 
 
 @pytest.mark.parametrize(
-    "case", ["paused by the app", "agent's queue full", "rebalancing", "open transaction"]
+    "case",
+    [
+        "paused by the app",
+        "agent's queue full",
+        "fetched, not taken yet",
+        "rebalancing",
+        "open transaction",
+    ],
 )
 def test_a_partition_still_for_a_reason_is_not_told(
     tmp_path: Path, caplog: pytest.LogCaptureFixture, case: str
@@ -188,6 +198,8 @@ def test_a_partition_still_for_a_reason_is_not_told(
             consumer.pause_partitions({S1})  # Faust's public API, outside a rebalance
         elif case == "agent's queue full":
             consumer.on_buffer_full(S1)  # Faust's flow control (the conductor's callback)
+        elif case == "fetched, not taken yet":  # a loaded worker: Faust takes them later
+            consumer._thread._consumer._fetcher._records[S1] = object()
         elif case == "rebalancing":
             consumer.app.on_rebalance_start()
         else:  # read_committed: nothing past the last stable offset is handed out

@@ -10,7 +10,8 @@ interleaved rebalances during a double broker outage: one partition of two recei
 for 3.5 minutes with a lag of about 9,000 records, until the next rebalance.
 
 Not frozen: a partition the app paused itself (Faust's public ``pause_partitions``), one
-Faust's flow control took out of the fetch because its agent's queue is full (a slow agent:
+Faust's flow control took out of the fetch because its agent's queue is full, one Faust asks
+for whose fetched records aiokafka still holds (in both a slow or loaded worker sets the pace:
 its clock restarts at every look), one at its highwater, and every partition while the flow
 is stopped. A partition still while nothing else of the worker moves either is left alone
 unless it is paused in Faust's consumer: a worker whose fetching stopped altogether (its
@@ -39,6 +40,13 @@ class StreamLook:
     paused_by_faust: bool = False
     #: In Faust's buffer-full set: its agent's queue is full (Faust resumes it as it drains).
     buffer_full: bool = False
+    #: aiokafka holds fetched records of it not handed to Faust yet: while Faust asks for it,
+    #: the worker's own pace (a slow or loaded worker), not the fetch, keeps it still.
+    records_buffered: bool = False
+
+    @property
+    def waits_for_the_worker(self) -> bool:
+        return self.buffer_full or (self.records_buffered and not self.paused_by_faust)
 
 
 @attrs.frozen
@@ -98,7 +106,7 @@ class FreezeWatch:
         moving: list[TP] = []
         for tp, look in streams.items():
             still = self._still.get(tp)
-            if still is None or look.buffer_full or still.position != look.position:
+            if still is None or look.waits_for_the_worker or still.position != look.position:
                 self._still[tp] = _Still(look.position, now, received)
                 if tp in self._told and still is not None and still.position != look.position:
                     self._told.discard(tp)

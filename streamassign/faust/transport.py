@@ -949,6 +949,8 @@ class _Consumer(faust_aiokafka.Consumer):
             return {}
         active = self._active_partitions or set()
         buffer_full = self._buffered_partitions
+        # set() of a dict copies it without letting aiokafka's thread run in between.
+        fetched = set(getattr(getattr(consumer, "_fetcher", None), "_records", None) or ())
         looks = {}
         for tp in consumer.assignment():
             tp = TP(tp.topic, tp.partition)
@@ -960,6 +962,7 @@ class _Consumer(faust_aiokafka.Consumer):
                 highwater=_readable_end(state),
                 paused_by_faust=tp not in active and tp not in buffer_full,
                 buffer_full=tp in buffer_full,
+                records_buffered=tp in fetched,
             )
         return looks
 
