@@ -127,9 +127,21 @@ async def run_for(consumer: Any, seconds: float, states: dict[TP, FetchState]) -
     """``seconds`` of the worker processing S0 (its position and received count moving)."""
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
-        states[S0]._position += 1
-        consumer.app.monitor.messages_received_total += 1
-        await asyncio.sleep(0.01)
+        await processing(consumer, states)
+
+
+async def run_until(consumer: Any, states: dict[TP, FetchState], done: Any) -> None:
+    """The worker processing S0 until ``done()``, within 10 s."""
+    deadline = time.monotonic() + 10
+    while not done():
+        assert time.monotonic() < deadline, "the watch did not act within 10 s"
+        await processing(consumer, states)
+
+
+async def processing(consumer: Any, states: dict[TP, FetchState]) -> None:
+    states[S0]._position += 1
+    consumer.app.monitor.messages_received_total += 1
+    await asyncio.sleep(0.01)
 
 
 def test_a_partition_left_paused_in_faust_s_consumer_is_told_and_resumed(
@@ -143,10 +155,9 @@ def test_a_partition_left_paused_in_faust_s_consumer_is_told_and_resumed(
     async def freeze() -> Any:
         consumer = worker(tmp_path, states)
         faust_aiokafka.Consumer.pause_partitions(consumer, {S1})  # none of ours saw it
-        await run_for(consumer, 0.4, states)
-        assert S1 in consumer._get_active_partitions()
+        await run_until(consumer, states, lambda: S1 in consumer._get_active_partitions())
         states[S1]._position += 5
-        await run_for(consumer, 0.1, states)
+        await run_until(consumer, states, lambda: "receive records again" in caplog.text)
         return consumer
 
     with caplog.at_level(logging.INFO, logger="streamassign.faust"):
@@ -167,7 +178,8 @@ def test_a_partition_faust_asks_for_in_vain_is_told_not_resumed(
 
     async def freeze() -> None:
         consumer = worker(tmp_path, states)
-        await run_for(consumer, 0.3, states)
+        await run_until(consumer, states, lambda: FROZEN in caplog.text)
+        await run_for(consumer, 0.3, states)  # three bounds more: told once
         consumer._freeze_watch.stop()
 
     with caplog.at_level(logging.WARNING, logger="streamassign.faust"):
