@@ -1,8 +1,9 @@
 """The freeze watch of the ``streamassign://`` consumer: an assigned stream partition that
 receives nothing although records wait, the flow resumed and no rebalance under way, is told
 once (and resumed if it was left paused in Faust's consumer); a partition the app paused, one
-whose agent's queue is full, one at its highwater and a worker whose fetching stopped
-altogether are not."""
+whose agent's queue is full, one at its highwater, a worker whose fetching stopped altogether,
+and every partition while the flow is stopped, a rebalance or recovery is under way or the
+worker stops are not."""
 
 from __future__ import annotations
 
@@ -114,13 +115,18 @@ def worker(tmp_path: Path, states: dict[TP, FetchState]) -> Any:
     consumer._thread._consumer = AiokafkaConsumer(states)
     tps = {*states, CHANGELOG}
     consumer.assignment = lambda: set(tps)
-    app.on_rebalance_start()
-    consumer.stop_flow()
-    consumer.pause_partitions(tps)
-    consumer.resume_partitions(set(states))  # held until resume_flow()
-    consumer.resume_flow()
-    app.on_rebalance_end()
+    rebalance(consumer)
     return consumer
+
+
+def rebalance(consumer: Any) -> None:
+    """A whole rebalance keeping the assignment, as Faust's calls on the consumer make it."""
+    consumer.app.on_rebalance_start()
+    consumer.stop_flow()
+    consumer.pause_partitions(consumer.assignment())
+    consumer.resume_partitions({tp for tp in consumer.assignment() if tp != CHANGELOG})  # held
+    consumer.resume_flow()
+    consumer.app.on_rebalance_end()
 
 
 async def run_for(consumer: Any, seconds: float, states: dict[TP, FetchState]) -> None:
@@ -139,9 +145,14 @@ async def run_until(consumer: Any, states: dict[TP, FetchState], done: Any) -> N
 
 
 async def processing(consumer: Any, states: dict[TP, FetchState]) -> None:
+    received(consumer, states)
+    await asyncio.sleep(0.01)
+
+
+def received(consumer: Any, states: dict[TP, FetchState]) -> None:
+    """The worker received a record of S0."""
     states[S0]._position += 1
     consumer.app.monitor.messages_received_total += 1
-    await asyncio.sleep(0.01)
 
 
 def test_a_partition_left_paused_in_faust_s_consumer_is_told_and_resumed(
@@ -168,7 +179,7 @@ def test_a_partition_left_paused_in_faust_s_consumer_is_told_and_resumed(
     assert "orders[1] at 2132 of 11344 (lag 9212;" in warnings[0]
     assert "Faust: paused" in warnings[0] and "resumed them now" in warnings[0]
     assert "orders[0]" not in warnings[0]
-    assert f"stream partitions {[S1]} receive records again" in caplog.text
+    assert "stream partitions orders[1] receive records again" in caplog.text
 
 
 def test_a_partition_faust_asks_for_in_vain_is_told_not_resumed(
@@ -185,7 +196,7 @@ def test_a_partition_faust_asks_for_in_vain_is_told_not_resumed(
     with caplog.at_level(logging.WARNING, logger="streamassign.faust"):
         asyncio.run(freeze())
     assert caplog.text.count(FROZEN) == 1
-    assert "Faust: active" in caplog.text and "restart this worker" in caplog.text
+    assert "Faust: active" in caplog.text and "ends if the worker restarts" in caplog.text
     assert "resumed them" not in caplog.text
 
 
@@ -196,6 +207,8 @@ def test_a_partition_faust_asks_for_in_vain_is_told_not_resumed(
         "agent's queue full",
         "fetched, not taken yet",
         "rebalancing",
+        "flow stopped",
+        "table recovery",
         "open transaction",
     ],
 )
@@ -214,7 +227,12 @@ def test_a_partition_still_for_a_reason_is_not_told(
             consumer._thread._consumer._fetcher._records[S1] = object()
         elif case == "rebalancing":
             consumer.app.on_rebalance_start()
+        elif case == "flow stopped":  # as Faust's stop and revoke stop it first
+            consumer.stop_flow()
+        elif case == "table recovery":
+            consumer.app.tables.recovery.in_recovery = True
         else:  # read_committed: nothing past the last stable offset is handed out
+            consumer.in_transaction = True
             states[S1].lso = states[S1]._position
         await run_for(consumer, 0.3, states)
         consumer._freeze_watch.stop()
@@ -225,3 +243,165 @@ def test_a_partition_still_for_a_reason_is_not_told(
     assert FROZEN not in caplog.text
     if case == "paused by the app":
         assert S1 not in consumer._get_active_partitions()  # still paused: the app's
+
+
+@pytest.mark.parametrize(
+    ("read_committed", "lso"),
+    [(False, 2_132), (True, -1)],
+    ids=["read_uncommitted", "no last stable offset known"],
+)
+def test_a_last_stable_offset_counts_only_under_read_committed_and_when_known(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, read_committed: bool, lso: int
+) -> None:
+    """Under read_uncommitted the position may pass the last stable offset (records of open
+    transactions are handed out); -1 is Kafka's "none known": the highwater is the end then."""
+    states = {S0: FetchState(100, 9_000), S1: FetchState(2_132, 11_344)}
+    states[S1].lso = lso
+
+    async def freeze() -> None:
+        consumer = worker(tmp_path, states)
+        consumer.in_transaction = read_committed
+        await run_until(consumer, states, lambda: FROZEN in caplog.text)
+        consumer._freeze_watch.stop()
+
+    with caplog.at_level(logging.WARNING, logger="streamassign.faust"):
+        asyncio.run(freeze())
+    assert "orders[1] at 2132 of 11344 (lag 9212;" in caplog.text
+
+
+def test_past_ten_partitions_the_line_says_how_many_more(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    states = {S0: FetchState(100, 9_000)}
+    states |= {TP("orders", p): FetchState(10, 500) for p in range(1, 13)}
+
+    async def freeze() -> None:
+        consumer = worker(tmp_path, states)
+        await run_until(consumer, states, lambda: FROZEN in caplog.text)
+        consumer._freeze_watch.stop()
+
+    with caplog.at_level(logging.WARNING, logger="streamassign.faust"):
+        asyncio.run(freeze())
+    assert caplog.text.count("(lag 490;") == 10 and " and 2 more; " in caplog.text
+
+
+@pytest.mark.parametrize("stopping", ["consumer", "app"])
+def test_the_watch_ends_when_the_worker_stops(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, stopping: str
+) -> None:
+    states = {S0: FetchState(100, 9_000), S1: FetchState(2_132, 11_344)}
+
+    async def stop() -> Any:
+        consumer = worker(tmp_path, states)
+        (consumer if stopping == "consumer" else consumer.app)._stopped.set()
+        await run_for(consumer, 0.3, states)
+        return consumer
+
+    with caplog.at_level(logging.WARNING, logger="streamassign.faust"):
+        consumer = asyncio.run(stop())
+    assert not consumer._freeze_watch.running
+    assert FROZEN not in caplog.text
+
+
+def test_the_previous_recovery_ending_during_the_next_rebalance_leaves_it_alone(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The next rebalance's revoke stopped the flow and paused everything; then the previous
+    recovery resumes the flow and ends its rebalance (``app.rebalancing`` false) while the next
+    one's join is under way: nothing is told, nothing resumed."""
+    states = {S0: FetchState(100, 9_000), S1: FetchState(2_132, 11_344)}
+
+    async def late() -> Any:
+        consumer = worker(tmp_path, states)
+        consumer.app.on_rebalance_start()
+        await consumer.on_partitions_revoked(set())  # Faust's: the flow stopped, all paused
+        consumer.resume_flow()  # the previous recovery, late
+        consumer.app.on_rebalance_end()
+        await asyncio.sleep(0.3)  # three bounds; nothing of this worker moves
+        consumer._freeze_watch.stop()
+        return consumer
+
+    with caplog.at_level(logging.WARNING, logger="streamassign.faust"):
+        consumer = asyncio.run(late())
+    assert FROZEN not in caplog.text
+    assert not {S0, S1} & consumer._get_active_partitions()
+
+
+def test_an_app_pause_while_faust_seeks_stays_the_app_s(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Faust's recovery resumed the flow ("Resuming flow..."), then the stream partitions, and
+    seeks them; the app pauses S1 meanwhile. The hold keeps S1 paused past the release, and the
+    watch leaves it so: the app's pause, not one left over by Faust."""
+    states = {S0: FetchState(100, 9_000), S1: FetchState(2_132, 11_344)}
+
+    async def pause_in_seek() -> Any:
+        consumer = worker(tmp_path, states)
+        consumer._on_partitions_assigned = faust_assigned(consumer)
+        consumer.app.on_rebalance_start()
+        await consumer.on_partitions_revoked(set())
+        await consumer.on_partitions_assigned(consumer.assignment(), 2)
+        consumer.resume_flow()  # the recovery's first
+        consumer.resume_partitions({S0, S1})  # held
+        consumer.pause_partitions({S1})  # the app, while Faust seeks
+        consumer.resume_flow()  # the release
+        consumer.app.on_rebalance_end()
+        await run_for(consumer, 0.3, states)
+        consumer._freeze_watch.stop()
+        return consumer
+
+    with caplog.at_level(logging.WARNING, logger="streamassign.faust"):
+        consumer = asyncio.run(pause_in_seek())
+    assert FROZEN not in caplog.text
+    active = consumer._get_active_partitions()
+    assert S0 in active and S1 not in active
+
+
+def faust_assigned(consumer: Any) -> Any:
+    """``App._on_partitions_assigned`` reduced to its call on the consumer: it pauses every
+    assigned partition (with the flow still resumed at a worker's first assignment)."""
+
+    async def assigned(assigned: set[TP], generation_id: int = 0) -> None:
+        consumer.pause_partitions(assigned)
+
+    return assigned
+
+
+def test_a_partition_still_before_a_rebalance_is_not_told_right_after_it(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A rebalance seeks and releases every stream partition: its stillness before counts
+    for nothing, whether a look saw the rebalance or it began and ended between two looks.
+    Looks by hand on a fake clock (bound 0.1 s)."""
+    states = {S0: FetchState(100, 9_000), S1: FetchState(2_132, 11_344)}
+    told_at = []
+
+    async def looks() -> None:
+        consumer = worker(tmp_path, states)
+        consumer._freeze_watch.stop()
+        loop = asyncio.get_running_loop()
+
+        def look(at: float) -> None:
+            received(consumer, states)
+            loop.time = lambda: at  # type: ignore[method-assign]
+            try:
+                consumer._on_freeze_watch()
+            finally:
+                del loop.time
+            if FROZEN in caplog.text and not told_at:
+                told_at.append(at)
+
+        look(0.0)
+        look(0.05)
+        consumer.app.on_rebalance_start()
+        look(0.5)  # a look sees the rebalance
+        rebalance(consumer)
+        look(0.55)
+        look(0.6)
+        rebalance(consumer)  # no look sees this one
+        for at in (0.7, 0.75, 0.8, 0.9, 1.0):
+            look(at)
+
+    with caplog.at_level(logging.WARNING, logger="streamassign.faust"):
+        asyncio.run(looks())
+    assert told_at == [0.9]

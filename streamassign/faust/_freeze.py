@@ -5,9 +5,9 @@ loop, so that it can be tested on a fake clock.
 A stream partition that receives nothing while the flow is resumed, the rebalance over, and
 the partition has records waiting processes nothing and logs nothing: Faust's own livelock
 check speaks after ``stream_processing_timeout`` (5 minutes) at the earliest, and the hold,
-flow and recovery watches see only a rebalance under way. Seen once on a worker through
-interleaved rebalances during a double broker outage: one partition of two received nothing
-for 3.5 minutes with a lag of about 9,000 records, until the next rebalance.
+flow and recovery watches see only a rebalance under way. Such a partition may stay out of
+Faust's active set after a rebalance, or Faust may ask for it while aiokafka's fetch of it
+never returns; either lasts until the next rebalance, which may be hours away.
 
 Not frozen: a partition the app paused itself (Faust's public ``pause_partitions``), one
 Faust's flow control took out of the fetch because its agent's queue is full, one Faust asks

@@ -239,14 +239,30 @@ def _is_offset(offset: object) -> bool:
     return isinstance(offset, int) and not isinstance(offset, bool) and offset >= 0
 
 
-def _readable_end(state: Any) -> int | None:
-    """The offset a partition can be read up to as aiokafka last fetched it: its highwater,
-    or its last stable offset when lower (a transaction still open: under read_committed
-    nothing past it is handed out, whatever waits behind)."""
-    ends = [
-        e for e in (getattr(state, "highwater", None), getattr(state, "lso", None)) if e is not None
-    ]
-    return min(ends) if ends else None
+def _readable_end(state: Any, read_committed: bool) -> int | None:
+    """The offset a partition can be read up to as aiokafka last fetched it: its highwater, or
+    under read_committed its last stable offset when lower (a transaction still open: nothing
+    past it is handed out, whatever waits behind). Under read_uncommitted the position may pass
+    the last stable offset; -1 is Kafka's "none known"."""
+    highwater: int | None = getattr(state, "highwater", None)
+    lso = getattr(state, "lso", None)
+    if not read_committed or not isinstance(lso, int) or lso < 0:
+        return highwater
+    return lso if highwater is None else min(highwater, lso)
+
+
+def _partition_name(tp: TP) -> str:
+    return f"{tp.topic}[{tp.partition}]"
+
+
+def _first_ten(rows: list[str]) -> str:
+    more = f" and {len(rows) - 10} more" if len(rows) > 10 else ""
+    return ", ".join(rows[:10]) + more
+
+
+def _partition_list(tps: Iterable[TP]) -> str:
+    """``topic[partition]`` of each, sorted, at most 10 and how many more."""
+    return _first_ten([_partition_name(tp) for tp in sorted(tps)])
 
 
 def _abandon_commit_requests(consumer: Any) -> None:
@@ -376,7 +392,8 @@ class _Consumer(faust_aiokafka.Consumer):
         self._hold_watch = _Ticker(self._on_hold_watch)
         #: Warns when a rebalance keeps the flow stopped (the current episode, if any).
         self._flow_watch = _Ticker(self._on_flow_watch)
-        self._init_recovery_and_freeze_watches()
+        self._init_recovery_watch()
+        self._init_freeze_watch()
         #: Since when each assigned stream partition counts as started, for Faust's "Stream
         #: has not started processing" (``monotonic()``, Faust's livelock clock): its
         #: assignment, then the ``resume_flow()`` at which its records could flow
@@ -422,20 +439,27 @@ class _Consumer(faust_aiokafka.Consumer):
             # the app keeps its consumer (``app._consumer``), so it fires while the app lives.
             recovery_done.connect(self._on_recovery_completed, weak=True)
 
-    def _init_recovery_and_freeze_watches(self) -> None:
+    def _init_recovery_watch(self) -> None:
         #: Warns when a table recovery stops applying changelog records.
         self._recovery_watch = _Ticker(self._on_recovery_watch)
         #: The recovery's applied offsets at its last progress, and when (loop time).
         self._recovery_seen: tuple[dict[TP, int | None], float] | None = None
         #: Whether the current stall was reported (once per stall).
         self._recovery_stall_told = False
+
+    def _init_freeze_watch(self) -> None:
         #: Warns when an assigned stream partition receives nothing while it could (started
         #: at the first rebalance's release, then for the worker's life).
         self._freeze_watch = _Ticker(self._on_freeze_watch)
         self._freeze: FreezeWatch | None = None
-        #: Stream partitions the app paused itself (outside a rebalance): not frozen. Faust's
-        #: recovery resumes every stream partition, so a rebalance forgets them.
+        #: ``app.rebalancing_count`` at the watch's last look: a rebalance begun and ended
+        #: between two looks restarts the clocks too.
+        self._freeze_rebalances = 0
+        #: Stream partitions the app paused itself: not frozen. Faust's recovery resumes every
+        #: stream partition, so a rebalance forgets them.
         self._app_paused: set[TP] = set()
+        #: Inside Faust's assignment callback, which pauses every assigned partition.
+        self._in_faust_assignment = False
 
     def _new_consumer_thread(self) -> _ConsumerThread:
         return _ConsumerThread(self, loop=self.loop, beacon=self.beacon)
@@ -466,7 +490,10 @@ class _Consumer(faust_aiokafka.Consumer):
     def pause_partitions(self, tps: Iterable[TP]) -> None:
         tps = set(tps)
         self._held_streams -= tps
-        if not self._rebalancing_or_stopping():  # Faust pauses only then: the app's own
+        # Faust pauses stream partitions only with the flow stopped (its revoke, its stop) or
+        # in its assignment callback; any other pause is the app's, also one made while
+        # Faust's recovery seeks (the hold then keeps it paused past the release).
+        if self.flow_active and not self._in_faust_assignment:
             self._app_paused |= {tp for tp in tps if not self._is_changelog_tp(tp)}
         if not self._held_streams:
             self._hold_watch.stop()
@@ -505,7 +532,11 @@ class _Consumer(faust_aiokafka.Consumer):
         # Again before Faust's callback (its recovery seeks and then resumes the flow): a
         # membership lost after the revoke.
         self._proven_hook(self._forget_acks_if_lost)
-        await super().on_partitions_assigned(assigned, generation_id)
+        self._in_faust_assignment = True
+        try:
+            await super().on_partitions_assigned(assigned, generation_id)
+        finally:
+            self._in_faust_assignment = False
         self._proven_hook(self._prove_assignment)
         self._flow_hook(self._enter_flow_step, RECOVERING)
 
@@ -674,7 +705,9 @@ class _Consumer(faust_aiokafka.Consumer):
 
     async def on_stop(self) -> None:
         """Faust's (its last commit); then the proofs are saved again if their last save
-        failed (``ProvenOffsets.save_if_failed``)."""
+        failed (``ProvenOffsets.save_if_failed``). The freeze watch stops first: it would
+        only restart its clocks from now on."""
+        self._freeze_watch.stop()
         try:
             await super().on_stop()
         finally:
@@ -914,6 +947,7 @@ class _Consumer(faust_aiokafka.Consumer):
     def _watch_freezes(self) -> None:
         if self._freeze is None:
             self._freeze = FreezeWatch(self._freeze_bound())
+            self._freeze_rebalances = int(getattr(self.app, "rebalancing_count", 0) or 0)
         # Several looks per bound, so that a freeze is told soon after it lasted that long.
         self._freeze_watch.start(self._freeze.bound / 4)
 
@@ -921,13 +955,17 @@ class _Consumer(faust_aiokafka.Consumer):
         """Has each assigned stream partition with records waiting received something within
         the bound? Looks only while the flow is resumed and no rebalance or recovery is under
         way (the clocks restart otherwise: the other watches cover those). One WARNING per
-        freeze (``_report_frozen``), one INFO line when a reported partition moves again."""
+        freeze (``_report_frozen``), one INFO line when a reported partition moves again. A
+        rebalance begun and ended between two looks restarts the clocks too: a partition still
+        before it was sought and released again."""
         watch = self._freeze
         if watch is None or self.should_stop or self.app.should_stop:
             return False
         recovery: Any = getattr(self.app.tables, "recovery", None)
         in_recovery = bool(getattr(recovery, "in_recovery", False))
-        if not self.flow_active or self._rebalancing_or_stopping() or in_recovery:
+        rebalances = int(getattr(self.app, "rebalancing_count", 0) or 0)
+        rebalanced, self._freeze_rebalances = rebalances != self._freeze_rebalances, rebalances
+        if not self.flow_active or self._rebalancing_or_stopping() or in_recovery or rebalanced:
             watch.restart()
             return True
         received = int(getattr(self.app.monitor, "messages_received_total", 0) or 0)
@@ -936,7 +974,7 @@ class _Consumer(faust_aiokafka.Consumer):
         if frozen:
             self._report_frozen(frozen)
         if moving:
-            log.info("stream partitions %s receive records again", sorted(moving)[:10])
+            log.info("stream partitions %s receive records again", _partition_list(moving))
         return True
 
     def _stream_looks(self) -> dict[TP, StreamLook]:
@@ -959,7 +997,7 @@ class _Consumer(faust_aiokafka.Consumer):
                 continue
             looks[tp] = StreamLook(
                 position=getattr(state, "_position", None),
-                highwater=_readable_end(state),
+                highwater=_readable_end(state, read_committed=bool(self.in_transaction)),
                 paused_by_faust=tp not in active and tp not in buffer_full,
                 buffer_full=tp in buffer_full,
                 records_buffered=tp in fetched,
@@ -978,31 +1016,32 @@ class _Consumer(faust_aiokafka.Consumer):
         fetching = fetch_states(
             getattr(self._thread, "_consumer", None), [f.partition for f in frozen]
         )
-        rows = ", ".join(
-            f"{f.partition.topic}[{f.partition.partition}] at {f.position} of {f.highwater} "
+        rows = [
+            f"{_partition_name(f.partition)} at {f.position} of {f.highwater} "
             f"(lag {'?' if f.lag is None else f.lag}; still for {f.still_for:.0f} s; Faust: "
             f"{'paused' if f.paused_by_faust else 'active'}; aiokafka: "
             f"{fetching.get(f.partition, '?')})"
-            for f in sorted(frozen, key=lambda f: f.partition)[:10]
-        )
+            for f in sorted(frozen, key=lambda f: f.partition)
+        ]
+        actions = []
         if paused:
-            action = (
-                "those Faust has paused were left paused in its consumer after the last "
+            actions.append(
+                "those Faust paused were left paused in its consumer after the last "
                 "rebalance (not by the app, nor by its flow control): resumed them now"
             )
-        else:
-            action = ""
         if len(paused) < len(frozen):
-            action += "; " if action else ""
-            action += (
-                "Faust asks aiokafka for the others and gets nothing (their fetch state is "
-                "above): restart this worker (the next rebalance also ends it)"
+            actions.append(
+                "Faust asks aiokafka for the others and receives nothing; aiokafka's state of "
+                "each is above (node N busy: a fetch to broker N has not returned). A fetch "
+                "stuck in aiokafka ends if the worker restarts or at the next rebalance; a "
+                "leader this worker cannot reach, or records at the partition's end removed "
+                "(a compacted topic), keep it still after a restart too"
             )
         log.warning(
             "stream partitions receive nothing although records wait, the flow is resumed "
             "and no rebalance is under way: %s; %s",
-            rows,
-            action,
+            _first_ten(rows),
+            "; ".join(actions),
         )
 
     def _watch_recovery(self) -> None:
