@@ -28,16 +28,22 @@ rebalance would leave stuck in silence: held partitions never released; a table 
 applies nothing for ``recovery_stall_after`` seconds (one WARNING per stall, with the
 partitions behind and their offsets); and a rebalance that keeps the flow stopped (a revoke,
 join, Faust callback or recovery set-up that never ends, or rebalance after rebalance: one
-WARNING per episode, ``_flowstop``). After a lost group membership (a zombie: a stall past the
-session timeout) it rewinds the tables' persisted changelog offsets to the last ones the
-membership proved, before Faust's recovery reads them (``_proven``), and its producer holds the
-changelog sends that follow such a stall until the membership is proven (sent) or lost (dropped:
-a zombie's writes from stale table state, ``_stallhold``); the offsets Faust acknowledged but
-did not commit are forgotten after a lost membership (their events' changelog sends may have
-been dropped: processed again, never committed past, ``_forget_acks_if_lost``), and no commit
-goes out after a stop that dropped held sends (``_commits_refused``). A table store
-write that fails (a full disk) stops the worker before any commit can pass the record Faust
-acks anyway (``_storefail``). Everything else is Faust's aiokafka transport unchanged.
+WARNING per episode, ``_flowstop``). A fourth says what a rebalance would leave frozen after
+it ended: an assigned stream partition that receives nothing for ``stream_freeze_after``
+seconds (two ``broker_request_timeout`` by default) while records wait, the flow is resumed
+and no rebalance is under way gets one WARNING with its position and lag, and is resumed if it
+was left paused in Faust's consumer (``_freeze``).
+
+After a lost group membership (a zombie: a stall past the session timeout) it rewinds the tables'
+persisted changelog offsets to the last ones the membership proved, before Faust's recovery reads
+them (``_proven``), and its producer holds the changelog sends that follow such a stall until the
+membership is proven (sent) or lost (dropped: a zombie's writes from stale table state,
+``_stallhold``); the offsets Faust acknowledged but did not commit are forgotten after a lost
+membership (their events' changelog sends may have been dropped: processed again, never committed
+past, ``_forget_acks_if_lost``), and no commit goes out after a stop that dropped held sends
+(``_commits_refused``). A table store write that fails (a full disk) stops the worker before any
+commit can pass the record Faust acks anyway (``_storefail``). Everything else is Faust's aiokafka
+transport unchanged.
 """
 
 from __future__ import annotations
@@ -63,6 +69,7 @@ from ..repeats import Repeats
 from ._app import exactly_once, recovery_interrupted
 from ._eos import warn_if_exactly_once
 from ._flowstop import ASSIGNING, JOINING, RECOVERING, REVOKING, FlowStop, Step
+from ._freeze import FreezeWatch, Frozen, StreamLook
 from ._proven import ProvenOffsets, changelog_stores, proofs_file
 from ._stallhold import StallHoldProducer
 from ._storefail import SourceCountMismatch, StoreFailure, StoreFailureGuard, crash_app
@@ -232,6 +239,32 @@ def _is_offset(offset: object) -> bool:
     return isinstance(offset, int) and not isinstance(offset, bool) and offset >= 0
 
 
+def _readable_end(state: Any, read_committed: bool) -> int | None:
+    """The offset a partition can be read up to as aiokafka last fetched it: its highwater, or
+    under read_committed its last stable offset when lower (a transaction still open: nothing
+    past it is handed out, whatever waits behind). Under read_uncommitted the position may pass
+    the last stable offset; -1 is Kafka's "none known"."""
+    highwater: int | None = getattr(state, "highwater", None)
+    lso = getattr(state, "lso", None)
+    if not read_committed or not isinstance(lso, int) or lso < 0:
+        return highwater
+    return lso if highwater is None else min(highwater, lso)
+
+
+def _partition_name(tp: TP) -> str:
+    return f"{tp.topic}[{tp.partition}]"
+
+
+def _first_ten(rows: list[str]) -> str:
+    more = f" and {len(rows) - 10} more" if len(rows) > 10 else ""
+    return ", ".join(rows[:10]) + more
+
+
+def _partition_list(tps: Iterable[TP]) -> str:
+    """``topic[partition]`` of each, sorted, at most 10 and how many more."""
+    return _first_ten([_partition_name(tp) for tp in sorted(tps)])
+
+
 def _abandon_commit_requests(consumer: Any) -> None:
     """Mark seen the failure of each offset commit request still under way when the consumer
     thread stops (a stop that abandoned a commit sent into a cut: the method queue's stop
@@ -344,6 +377,11 @@ class _Consumer(faust_aiokafka.Consumer):
     #: worker warns (Faust warns too, but every 5 s for ever and without offsets).
     recovery_stall_after: float = 30.0
 
+    #: Seconds an assigned stream partition with records waiting may receive nothing, the flow
+    #: resumed and no rebalance under way, before the worker warns (``_freeze``); None: two
+    #: ``broker_request_timeout`` (a fetch from a broker that went away fails after one).
+    stream_freeze_after: float | None = None
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         #: Stream partitions Faust resumed, held paused until the next ``resume_flow()``.
@@ -352,14 +390,10 @@ class _Consumer(faust_aiokafka.Consumer):
         self._held_periods = 0
         #: Warns when partitions stay held (Faust's recovery never resumed the flow).
         self._hold_watch = _Ticker(self._on_hold_watch)
-        #: Warns when a table recovery stops applying changelog records.
-        self._recovery_watch = _Ticker(self._on_recovery_watch)
-        #: The recovery's applied offsets at its last progress, and when (loop time).
-        self._recovery_seen: tuple[dict[TP, int | None], float] | None = None
-        #: Whether the current stall was reported (once per stall).
-        self._recovery_stall_told = False
         #: Warns when a rebalance keeps the flow stopped (the current episode, if any).
         self._flow_watch = _Ticker(self._on_flow_watch)
+        self._init_recovery_watch()
+        self._init_freeze_watch()
         #: Since when each assigned stream partition counts as started, for Faust's "Stream
         #: has not started processing" (``monotonic()``, Faust's livelock clock): its
         #: assignment, then the ``resume_flow()`` at which its records could flow
@@ -405,6 +439,28 @@ class _Consumer(faust_aiokafka.Consumer):
             # the app keeps its consumer (``app._consumer``), so it fires while the app lives.
             recovery_done.connect(self._on_recovery_completed, weak=True)
 
+    def _init_recovery_watch(self) -> None:
+        #: Warns when a table recovery stops applying changelog records.
+        self._recovery_watch = _Ticker(self._on_recovery_watch)
+        #: The recovery's applied offsets at its last progress, and when (loop time).
+        self._recovery_seen: tuple[dict[TP, int | None], float] | None = None
+        #: Whether the current stall was reported (once per stall).
+        self._recovery_stall_told = False
+
+    def _init_freeze_watch(self) -> None:
+        #: Warns when an assigned stream partition receives nothing while it could (started
+        #: at the first rebalance's release, then for the worker's life).
+        self._freeze_watch = _Ticker(self._on_freeze_watch)
+        self._freeze: FreezeWatch | None = None
+        #: ``app.rebalancing_count`` at the watch's last look: a rebalance begun and ended
+        #: between two looks restarts the clocks too.
+        self._freeze_rebalances = 0
+        #: Stream partitions the app paused itself: not frozen. Faust's recovery resumes every
+        #: stream partition, so a rebalance forgets them.
+        self._app_paused: set[TP] = set()
+        #: Inside Faust's assignment callback, which pauses every assigned partition.
+        self._in_faust_assignment = False
+
     def _new_consumer_thread(self) -> _ConsumerThread:
         return _ConsumerThread(self, loop=self.loop, beacon=self.beacon)
 
@@ -428,11 +484,17 @@ class _Consumer(faust_aiokafka.Consumer):
             self._hold(streams)
             if tps - streams:
                 self._watch_recovery()
+        self._app_paused -= tps
         super().resume_partitions(tps - streams)
 
     def pause_partitions(self, tps: Iterable[TP]) -> None:
         tps = set(tps)
         self._held_streams -= tps
+        # Faust pauses stream partitions only with the flow stopped (its revoke, its stop) or
+        # in its assignment callback; any other pause is the app's, also one made while
+        # Faust's recovery seeks (the hold then keeps it paused past the release).
+        if self.flow_active and not self._in_faust_assignment:
+            self._app_paused |= {tp for tp in tps if not self._is_changelog_tp(tp)}
         if not self._held_streams:
             self._hold_watch.stop()
         super().pause_partitions(tps)
@@ -445,6 +507,7 @@ class _Consumer(faust_aiokafka.Consumer):
         resumed is another rebalance. The watch's hooks never stop Faust's callbacks. Every
         revoke also starts the stream partitions' hold (``resume_partitions``)."""
         self._streams_pending, self._assigned_since_revoke = True, False
+        self._app_paused.clear()
         evented, self._evented_before_rebalance = self._evented_before_rebalance, frozenset()
         self._restarting |= evented
         self._flow_hook(self._flow_revoked)
@@ -469,7 +532,11 @@ class _Consumer(faust_aiokafka.Consumer):
         # Again before Faust's callback (its recovery seeks and then resumes the flow): a
         # membership lost after the revoke.
         self._proven_hook(self._forget_acks_if_lost)
-        await super().on_partitions_assigned(assigned, generation_id)
+        self._in_faust_assignment = True
+        try:
+            await super().on_partitions_assigned(assigned, generation_id)
+        finally:
+            self._in_faust_assignment = False
         self._proven_hook(self._prove_assignment)
         self._flow_hook(self._enter_flow_step, RECOVERING)
 
@@ -642,7 +709,9 @@ class _Consumer(faust_aiokafka.Consumer):
 
     async def on_stop(self) -> None:
         """Faust's (its last commit); then the proofs are saved again if their last save
-        failed (``ProvenOffsets.save_if_failed``)."""
+        failed (``ProvenOffsets.save_if_failed``). The freeze watch stops first: it would
+        only restart its clocks from now on."""
+        self._freeze_watch.stop()
         try:
             await super().on_stop()
         finally:
@@ -712,6 +781,8 @@ class _Consumer(faust_aiokafka.Consumer):
         self._restart_streams(now)  # after the release: the released ones can flow
         if self._streams_pending and self._assigned_since_revoke:
             self._streams_pending = not self._streams_released(held)
+        if not self._streams_pending:
+            self._watch_freezes()
         self._flow_hook(self._flow_resumed)
 
     def _streams_released(self, held: set[TP]) -> bool:
@@ -863,6 +934,119 @@ class _Consumer(faust_aiokafka.Consumer):
         if line is not None:
             log.warning(line)
         return True
+
+    def _rebalancing_or_stopping(self) -> bool:
+        return bool(
+            self.app.rebalancing
+            or self._streams_pending
+            or self.should_stop
+            or self.app.should_stop
+        )
+
+    def _freeze_bound(self) -> float:
+        if self.stream_freeze_after is not None:
+            return float(self.stream_freeze_after)
+        return 2 * float(self.app.conf.broker_request_timeout)
+
+    def _watch_freezes(self) -> None:
+        if self._freeze is None:
+            self._freeze = FreezeWatch(self._freeze_bound())
+            self._freeze_rebalances = int(getattr(self.app, "rebalancing_count", 0) or 0)
+        # Several looks per bound, so that a freeze is told soon after it lasted that long.
+        self._freeze_watch.start(self._freeze.bound / 4)
+
+    def _on_freeze_watch(self) -> bool:
+        """Has each assigned stream partition with records waiting received something within
+        the bound? Looks only while the flow is resumed and no rebalance or recovery is under
+        way (the clocks restart otherwise: the other watches cover those). One WARNING per
+        freeze (``_report_frozen``), one INFO line when a reported partition moves again. A
+        rebalance begun and ended between two looks restarts the clocks too: a partition still
+        before it was sought and released again."""
+        watch = self._freeze
+        if watch is None or self.should_stop or self.app.should_stop:
+            return False
+        recovery: Any = getattr(self.app.tables, "recovery", None)
+        in_recovery = bool(getattr(recovery, "in_recovery", False))
+        rebalances = int(getattr(self.app, "rebalancing_count", 0) or 0)
+        rebalanced, self._freeze_rebalances = rebalances != self._freeze_rebalances, rebalances
+        if not self.flow_active or self._rebalancing_or_stopping() or in_recovery or rebalanced:
+            watch.restart()
+            return True
+        received = int(getattr(self.app.monitor, "messages_received_total", 0) or 0)
+        now = asyncio.get_running_loop().time()
+        frozen, moving = watch.look(now, self._stream_looks(), received)
+        if frozen:
+            self._report_frozen(frozen)
+        if moving:
+            log.info("stream partitions %s receive records again", _partition_list(moving))
+        return True
+
+    def _stream_looks(self) -> dict[TP, StreamLook]:
+        """The assigned stream partitions the app did not pause: aiokafka's fetch position and
+        last fetched highwater of each, and where Faust's consumer has it. Read without a lock
+        from aiokafka's thread (a snapshot: the watch compares looks a period apart)."""
+        consumer = getattr(self._thread, "_consumer", None)
+        assignment = current_assignment(consumer)
+        if consumer is None or assignment is None:
+            return {}
+        active = self._active_partitions or set()
+        buffer_full = self._buffered_partitions
+        # set() of a dict copies it without letting aiokafka's thread run in between.
+        fetched = set(getattr(getattr(consumer, "_fetcher", None), "_records", None) or ())
+        looks = {}
+        for tp in consumer.assignment():
+            tp = TP(tp.topic, tp.partition)
+            state = assignment.state_value(tp)
+            if state is None or self._is_changelog_tp(tp) or tp in self._app_paused:
+                continue
+            looks[tp] = StreamLook(
+                position=getattr(state, "_position", None),
+                highwater=_readable_end(state, read_committed=bool(self.in_transaction)),
+                paused_by_faust=tp not in active and tp not in buffer_full,
+                buffer_full=tp in buffer_full,
+                records_buffered=tp in fetched,
+            )
+        return looks
+
+    def _report_frozen(self, frozen: list[Frozen]) -> None:
+        """One WARNING naming the frozen partitions with their positions and lag. Those left
+        out of Faust's active set (paused in Faust's consumer after the rebalance ended, not by
+        the app nor by its flow control) are resumed: Faust's recovery resumes every stream
+        partition and sought them to their committed offsets, and nothing of them was handed
+        out since, so they resume where Faust's commits stand."""
+        paused = {f.partition for f in frozen if f.paused_by_faust}
+        if paused:
+            super().resume_partitions(paused)
+        fetching = fetch_states(
+            getattr(self._thread, "_consumer", None), [f.partition for f in frozen]
+        )
+        rows = [
+            f"{_partition_name(f.partition)} at {f.position} of {f.highwater} "
+            f"(lag {'?' if f.lag is None else f.lag}; still for {f.still_for:.0f} s; Faust: "
+            f"{'paused' if f.paused_by_faust else 'active'}; aiokafka: "
+            f"{fetching.get(f.partition, '?')})"
+            for f in sorted(frozen, key=lambda f: f.partition)
+        ]
+        actions = []
+        if paused:
+            actions.append(
+                "those Faust paused were left paused in its consumer after the last "
+                "rebalance (not by the app, nor by its flow control): resumed them now"
+            )
+        if len(paused) < len(frozen):
+            actions.append(
+                "Faust asks aiokafka for the others and receives nothing; aiokafka's state of "
+                "each is above (node N busy: a fetch to broker N has not returned). A fetch "
+                "stuck in aiokafka ends if the worker restarts or at the next rebalance; a "
+                "leader this worker cannot reach, or records at the partition's end removed "
+                "(a compacted topic), keep it still after a restart too"
+            )
+        log.warning(
+            "stream partitions receive nothing although records wait, the flow is resumed "
+            "and no rebalance is under way: %s; %s",
+            _first_ten(rows),
+            "; ".join(actions),
+        )
 
     def _watch_recovery(self) -> None:
         if not self._recovery_watch.running:
