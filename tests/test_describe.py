@@ -1542,10 +1542,15 @@ def test_watch_prints_an_outage_once_and_its_end(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     """The table watch says the outage in one line and how long it lasted when the group
-    answers again; --json gives a state scripts can match exactly and the reason apart."""
+    answers again, counted from its last answer (a live outage of 97 s read 87 s counted from
+    the failed poll, which noticed it a timeout late); --json gives a state scripts can match
+    exactly and the reason apart."""
     stable = describe_bytes("g", "Stable", "consumer", PROTOCOL_NAME, streams_group())
+    answered = time.time() - 42
     away = attrs.evolve(
-        describe_bytes("g", "unavailable", "", "", []), error="cannot reach x:1: refused"
+        describe_bytes("g", "unavailable", "", "", []),
+        error="cannot reach x:1: refused",
+        answered_at=answered,
     )
     with (tmp_path / "out.txt").open("w") as stdout:
         _watch_with(monkeypatch, [stable, away, stable], stdout, forever=False, as_json=False)
@@ -1553,7 +1558,8 @@ def test_watch_prints_an_outage_once_and_its_end(
     said = re.findall(r"\d\d:\d\d:\d\d UTC (g: [^│┃]*?)\n(?=\d\d:|─|$)", text)
     assert [" ".join(line.split()) for line in said] == [
         "g: unavailable: cannot reach x:1: refused; asking again until it answers",
-        "g: available again after 0 s",
+        "g: available again, 42 s after its last answer (at "
+        f"{time.strftime('%H:%M:%S', time.gmtime(answered))} UTC)",
     ]
     with (tmp_path / "out.jsonl").open("w") as stdout:
         _watch_with(monkeypatch, [stable, away, stable], stdout, forever=False)
@@ -1658,3 +1664,127 @@ def test_ctrl_c_ends_every_step_of_describe_with_the_status_of_an_interrupt(
     monkeypatch.setattr("streamassign.aiokafka.describe.fetch_group", fetched)
     result = CliRunner().invoke(main, ["describe", "g", "-b", "127.0.0.1:1"])
     assert (result.exit_code, result.output) == (130, "")
+
+
+def test_watch_json_gives_each_rebalancing_member_the_fields_the_table_watch_prints(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The table watch names each rebalancing member's process and tasks and the newcomer;
+    its --json lines carried only the group and state, so a script saw none of it."""
+    stable = describe_bytes("g", "Stable", "consumer", PROTOCOL_NAME, streams_group())
+    rebalancing = describe_bytes(
+        "g",
+        "PreparingRebalance",
+        "consumer",
+        "",
+        [RawMember("m1", "client", "/10.0.0.1"), RawMember("m9", "client", "/10.0.0.2")],
+    )
+    with (tmp_path / "out.jsonl").open("w") as stdout:
+        _watch_with(monkeypatch, [rebalancing, stable, rebalancing], stdout, forever=False)
+    lines = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
+
+    def member(member_id: str, host: str, **known: object) -> dict[str, object]:
+        return {"member_id": member_id, "client_id": "client", "client_host": host} | known
+
+    unknown = {"process": None, "active": None, "joining": None}
+    assert lines[0] == {
+        "group": "g",
+        "state": "PreparingRebalance",
+        "protocol_type": "consumer",
+        "members": [member("m1", "/10.0.0.1", **unknown), member("m9", "/10.0.0.2", **unknown)],
+        "members_gone": None,
+    }
+    assert lines[2]["members"] == [
+        member("m1", "/10.0.0.1", process=str(P1), active=["0_0", "0_1", "1_0"], joining=False),
+        member("m9", "/10.0.0.2", process=None, active=None, joining=True),
+    ]
+    assert lines[2]["members_gone"] == 2
+
+
+def test_one_describe_of_a_rebalancing_group_says_why_it_names_no_process() -> None:
+    """Kafka returns no subscriptions while a group rebalances, so one describe cannot name
+    the members' processes: the blanks beside them were unexplained."""
+    rebalancing = describe_bytes(
+        "g", "CompletingRebalance", "consumer", "", [RawMember("m1", "client", "/10.0.0.1")]
+    )
+    text = " ".join(printed(rebalancing).split())
+    assert text.endswith(
+        "1 member(s) m1 client@10.0.0.1 processes not known: Kafka returns no subscriptions "
+        "while a group rebalances; run describe again once it is Stable, or use --watch (it "
+        "names them from the last Stable view)"
+    )
+    empty = describe_bytes("g", "Empty", "consumer", "", [])
+    assert "processes not known" not in printed(empty)
+
+
+def test_load_imbalance_says_what_it_measures_and_when_thread_counts_alone_set_it() -> None:
+    """Seen live: a 2-thread and a 1-thread process, 6 tasks and 1 standby each, read "load
+    imbalance 3.00" with nothing to say it is forced: each process holds all 6 tasks, 6/2 =
+    3.00 per thread against 6/1 = 6.00."""
+    p1 = "20ccc6ba-0000-4000-8000-000000000001"
+    p2 = "92dfdd4c-0000-4000-8000-000000000002"
+    raw = [
+        streams_member("m1", uuid.UUID(p1), "0_0 0_1", "0_4"),
+        streams_member("m2", uuid.UUID(p1), "0_2 0_3", "0_5"),
+        streams_member("m3", uuid.UUID(p2), "0_4 0_5", "0_0 0_1 0_2 0_3"),
+    ]
+    view = describe_bytes("rtapp", "Stable", "consumer", PROTOCOL_NAME, raw)
+    text = " ".join(printed(view).split())
+    assert "load imbalance (tasks per thread, max - min) │ 3.00" in text
+    assert text.endswith(
+        "load imbalance: tasks held (active, standby, warmup) per thread, most 6/1 = 6.00 on "
+        "92dfdd4c, fewest 6/2 = 3.00 on 20ccc6ba; every process holds every task (an active or "
+        "a standby copy), so the thread counts alone set it: no assignment with these standbys "
+        "evens it"
+    )
+
+
+def test_members_table_at_60_columns_cuts_client_ids_rather_than_fold_them() -> None:
+    """Seen live at 60 columns: ``faust-0.15.`` / ``3`` in every row. Each id is cut to fit
+    (no two different ids cut alike) and printed whole below the table."""
+    from rich.console import Console
+
+    from streamassign.cli.describe_tables import _print_group
+
+    raw = [
+        attrs.evolve(
+            streams_member(f"m{k}", uuid.UUID(pid), f"0_{k}"),
+            client_id=f"faust-0.15.3-worker-{name}",
+            client_host="/127.0.0.1",
+        )
+        for k, (pid, name) in enumerate(
+            (
+                ("20ccc6ba-0000-4000-8000-000000000001", "a"),
+                ("92dfdd4c-0000-4000-8000-000000000002", "b"),
+            )
+        )
+    ]
+    view = describe_bytes("g", "Stable", "consumer", PROTOCOL_NAME, raw)
+    console = Console(width=60, record=True)
+    _print_group(console, view, quality(view))
+    text = console.export_text()
+    members = text[text.index("Members") : text.index("Tasks (")]
+    assert_whole_tables(members, MEMBERS_COLUMNS)
+    cells = [line.split("│")[2].strip() for line in members.splitlines() if "│ m" in line]
+    # Both cut alike at the head, apart by their tails; a row each, no line folded.
+    assert len(cells) == 2 and len(set(cells)) == 2
+    assert all(cell.startswith("faust-") and "…" in cell for cell in cells)
+    assert [cell[-1] for cell in cells] == ["a", "b"]
+    assert len([line for line in members.splitlines() if line.startswith("│")]) == 4
+    assert "member m0: faust-0.15.3-worker-a @127.0.0.1" in members
+
+
+def test_follow_dates_an_outage_from_the_groups_last_answer(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The outage began after the last poll the group answered, which follow does not yield
+    when nothing changed: the unavailable view carries when that was."""
+    from streamassign.aiokafka import describe as describe_module
+
+    from .describe_polls import followed_views
+
+    clock = iter([100.0, 200.0, 300.0])
+    monkeypatch.setattr(describe_module.time, "time", lambda: next(clock))
+    stable = describe_bytes("g", "Stable", "consumer", PROTOCOL_NAME, streams_group())
+    shown = followed_views(monkeypatch, [stable, stable, _asked(3)])
+    assert [(v.state, v.answered_at) for v in shown] == [("Stable", None), ("unavailable", 200.0)]

@@ -2072,3 +2072,39 @@ def test_plan_of_a_faust_snapshot_names_processes_short_and_calls_no_changelog_r
     assignment = result.stdout[result.stdout.index("Assignment") :]
     rows = [line.split("│")[1].strip() for line in assignment.splitlines() if "│ 1 " in line]
     assert rows == ["9986b500", "a031c13c"]
+
+
+def test_explain_last_marks_a_contested_task_the_tie_break_credited(tmp_path: Path) -> None:
+    """A runtime group names no zombie, so a task two processes reported running is credited
+    to the claimant the tie-break keeps: its row read as any other move, and a contested task
+    that claimant runs now was not shown at all. The row is marked, a line says what the mark
+    means, and the unlisted one is named."""
+    after = snapshot(
+        tmp_path / "after.json",
+        {
+            "Z": {"active": []},
+            "H1": {"active": ["0_1", "0_3", "0_4"]},
+            "H2": {"active": ["0_2"]},
+        },
+        {
+            "Z": {"0_1": -2, "0_2": -2, "0_4": -2},
+            "H1": {"0_3": -2},
+            "H2": {"0_2": -2, "0_4": -2},
+        },
+    )
+    code, out, err = _invoke("explain", "--last", after)
+    assert code == 0, err
+    rows = [
+        [cell.strip() for cell in line.split("│")[1:-1]]
+        for line in out.splitlines()
+        if "│ 0_" in line
+    ]
+    assert [row[:3] for row in rows] == [["0_1", "Z", "H1"], ["0_4", "H2 (?)", "H1"]]
+    assert " ".join(out.split()).endswith(
+        "(?): reported running by several processes at the join, none a likely zombie: from "
+        "is the one the sticky assignor keeps (smallest lag, then process id), a guess; "
+        "contested and not listed (the claimant kept runs it now; a move from another may "
+        "hide): 0_2 (H2 or Z) standbys not shown: at a join a previous standby reports its "
+        "state like any other local state (save BEFORE with describe --json to compare "
+        "standbys)"
+    )

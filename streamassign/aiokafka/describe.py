@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import reprlib
+import time
 import zlib
 from collections.abc import AsyncIterator, Collection, Iterable, Mapping, Sequence
 from typing import Any
@@ -231,6 +232,8 @@ class GroupView:
     #: ``describe --watch``: why the group could not be described (its state then
     #: :data:`UNAVAILABLE`); None otherwise.
     error: str | None = None
+    #: With ``error``: when the group last answered a poll (``time.time()``; None: never).
+    answered_at: float | None = None
 
     @property
     def readable(self) -> bool:
@@ -1946,14 +1949,17 @@ async def follow(
     A failed metadata lookup keeps the last one (a transient failure is not a change).
     Members' bytes are only read for a stable group, so a rebalance shows as a state change,
     then the new assignment. A failure after the first view is a view without members in
-    state :data:`UNAVAILABLE` whose ``error`` says why, yielded once until the group answers
+    state :data:`UNAVAILABLE` whose ``error`` says why (``answered_at``: when the group last
+    answered a poll), yielded once until the group answers
     again."""
     last: _Shown | None = None
     cache: dict[tuple[str, RawMember], MemberView] = {}
+    answered_at: float | None = None
     async with _Admin(connection) as admin:
         while True:
             try:
                 view = await admin.describe(group, cache)
+                answered_at = time.time()
             except GroupDescribeError as exc:
                 if last is None:
                     raise  # a wrong name or an unreachable group: say so at once
@@ -1963,7 +1969,17 @@ async def follow(
                 why = (
                     str(exc) if last.state == UNAVAILABLE else await _plain_reason(connection, exc)
                 )
-                view = GroupView(group, UNAVAILABLE, "", "", Family.CONSUMER, (), {}, error=why)
+                view = GroupView(
+                    group,
+                    UNAVAILABLE,
+                    "",
+                    "",
+                    Family.CONSUMER,
+                    (),
+                    {},
+                    error=why,
+                    answered_at=answered_at,
+                )
             shown = _Shown.of(view, last)
             if shown != last:
                 last = shown

@@ -32,7 +32,13 @@ from ..streams import (
 )
 from .connection import _check_security, _connection
 from .console import _ReaderGone, _say, _say_wrapped, _Stdout
-from .describe_tables import _print_group, _print_rebalancing, _view_labels
+from .describe_tables import (
+    _print_group,
+    _print_rebalancing,
+    _view_labels,
+    members_gone,
+    rebalancing_members,
+)
 from .extras import _require
 from .group import main
 from .options import _EXISTING_FILE, _acceptable_lag_option, _json_option, _shown
@@ -87,13 +93,12 @@ async def _print_views(
     outage = _Outage()
     async for view in follow(connection, group, interval):
         if not as_json:
-            back = outage.ended(view.error)
+            back = outage.ended(view)
             if back is not None:
                 console.print(f"{_now()} {group}: {back}", markup=False)
         if not view.readable:
             if as_json:
-                error = {} if view.error is None else {"error": view.error}
-                click.echo(json.dumps({"group": group, "state": view.state, **error}))
+                click.echo(json.dumps(_between_json(view, last)))
             elif view.error is not None:
                 line = f"{_now()} {group}: unavailable: {view.error}; asking again until it answers"
                 console.print(line, markup=False)
@@ -123,24 +128,41 @@ async def _print_views(
             _print_moves(console, moves, labels=labels, uncertain_hand_backs=not faust, names=names)
 
 
+def _between_json(view: Any, last: Any) -> dict[str, Any]:
+    """``--watch --json``'s line for a group between assignments (``view``, not readable):
+    its state and each member as the last Stable view (``last``) knew it, as the table watch
+    prints them; a failed poll: its state and the reason apart."""
+    if view.error is not None:
+        return {"group": view.group, "state": view.state, "error": view.error}
+    return {
+        "group": view.group,
+        "state": view.state,
+        "protocol_type": view.protocol_type,
+        "members": rebalancing_members(view, last),
+        "members_gone": members_gone(view, last),
+    }
+
+
 class _Outage:
-    """When ``describe --watch`` last saw its group become unavailable, to say once how long
-    it was away when it answers again."""
+    """When ``describe --watch``'s group last answered before it became unavailable, to say
+    once, when it answers again, how long it went unanswered: from its last answer, not from
+    the poll that failed (which noticed the outage up to an interval and a timeout late)."""
 
     def __init__(self) -> None:
         self.since: float | None = None
 
-    def ended(self, error: str | None) -> str | None:
-        """The line to print before a view whose poll failed with ``error`` (None: it
-        answered) when it ends an outage; None otherwise."""
-        if error is not None:
+    def ended(self, view: Any) -> str | None:
+        """The line to print before ``view`` (a ``GroupView``; its ``error`` set: its poll
+        failed) when it ends an outage; None otherwise."""
+        if view.error is not None:
             if self.since is None:
-                self.since = time.monotonic()
+                self.since = view.answered_at if view.answered_at is not None else time.time()
             return None
         if self.since is None:
             return None
-        away, self.since = time.monotonic() - self.since, None
-        return f"available again after {away:.0f} s"
+        away, last = time.time() - self.since, _clock(self.since)
+        self.since = None
+        return f"available again, {away:.0f} s after its last answer (at {last})"
 
 
 def _moves_since(
@@ -162,9 +184,14 @@ def _returned(view: Any, acceptable_lag: int) -> dict[TaskId, str]:
 
 
 def _now() -> str:
+    return _clock(time.time())
+
+
+def _clock(seconds: float) -> str:
+    """``seconds`` (``time.time()``) as the watch's lines start: ``HH:MM:SS UTC``."""
     import datetime
 
-    return datetime.datetime.now(datetime.UTC).strftime("%H:%M:%S UTC")
+    return datetime.datetime.fromtimestamp(seconds, datetime.UTC).strftime("%H:%M:%S UTC")
 
 
 @main.command()
