@@ -1730,7 +1730,7 @@ def test_load_imbalance_says_what_it_measures_and_when_thread_counts_alone_set_i
     ]
     view = describe_bytes("rtapp", "Stable", "consumer", PROTOCOL_NAME, raw)
     text = " ".join(printed(view).split())
-    assert "load imbalance (tasks per thread, max - min) │ 3.00" in text
+    assert "load imbalance (per thread, max - min) │ 3.00" in text
     assert text.endswith(
         "load imbalance: tasks held (active, standby, warmup) per thread, most 6/1 = 6.00 on "
         "92dfdd4c, fewest 6/2 = 3.00 on 20ccc6ba; every process holds every task (an active or "

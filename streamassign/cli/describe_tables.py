@@ -430,7 +430,7 @@ def _print_quality(
     for row in _balance_rows(score, topics):
         table.add_row(*row)
     table.add_row("actives balanced in total", "yes" if m.active_balanced else "NO")
-    table.add_row("load imbalance (tasks per thread, max - min)", f"{m.load_imbalance:.2f}")
+    table.add_row("load imbalance (per thread, max - min)", f"{m.load_imbalance:.2f}")
     inferred = ", inferred" if score.standbys_inferred else ""
     # Required counts at most processes - 1 per task (``evaluate``): say so beside a larger R,
     # or "2 per stateful task ... 4 / 4" reads as two copies each. Short: the row fits 80
