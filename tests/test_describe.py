@@ -44,6 +44,7 @@ from streamassign.aiokafka.describe import (
 from streamassign.aiokafka.streams import PROTOCOL_NAME
 from streamassign.aiokafka.wire import encode_assignment
 from streamassign.cli import main
+from streamassign.cli.describe import WatchClock
 from streamassign.consumer.userdata import AssignmentData, MemberData
 from streamassign.errors import ErrorCode, GroupDescribeError
 from streamassign.explain import Reason, explain, load_saved, load_snapshot
@@ -675,13 +676,15 @@ def _watch_with(
     stdout: TextIO,
     forever: bool,
     as_json: bool = True,
+    clock: WatchClock | None = None,
 ) -> float:
     """``describe --watch``'s loop on ``views`` (then polling for ever, if ``forever``) with
-    ``stdout`` as the CLI wraps it (``--json`` unless not ``as_json``); the seconds it ran."""
+    ``stdout`` as the CLI wraps it (``--json`` unless not ``as_json``; ``clock``: its clocks,
+    None: the real ones); the seconds it ran."""
     from streamassign.aiokafka import describe as describe_module
     from streamassign.cli import console, describe
 
-    async def follow(*_: object) -> AsyncIterator[GroupView]:
+    async def follow(*_: object, **__: object) -> AsyncIterator[GroupView]:
         for view in views:
             yield view
         while forever:  # a quiet group: nothing new to print
@@ -690,7 +693,8 @@ def _watch_with(
     monkeypatch.setattr(describe_module, "follow", follow)
     monkeypatch.setattr(sys, "stdout", console._ReaderGone(stdout))
     start = time.monotonic()
-    asyncio.run(asyncio.wait_for(describe._watch(None, "g", 1.0, None, as_json), 20))
+    watch = describe._watch(None, "g", 1.0, None, as_json, clock=clock)
+    asyncio.run(asyncio.wait_for(watch, 20))
     return time.monotonic() - start
 
 
@@ -1546,20 +1550,22 @@ def test_watch_prints_an_outage_once_and_its_end(
     the failed poll, which noticed it a timeout late); --json gives a state scripts can match
     exactly and the reason apart."""
     stable = describe_bytes("g", "Stable", "consumer", PROTOCOL_NAME, streams_group())
-    answered = time.time() - 42
     away = attrs.evolve(
         describe_bytes("g", "unavailable", "", "", []),
         error="cannot reach x:1: refused",
-        answered_at=answered,
+        answered_at=1000.0,  # on the monotonic clock, 42 s before it reads 1042
     )
+    # Fixed clocks: the line must not depend on how long the rendering took.
+    clock = WatchClock(monotonic=lambda: 1042.0, wall=lambda: 1_700_000_042.0)
     with (tmp_path / "out.txt").open("w") as stdout:
-        _watch_with(monkeypatch, [stable, away, stable], stdout, forever=False, as_json=False)
+        _watch_with(
+            monkeypatch, [stable, away, stable], stdout, forever=False, as_json=False, clock=clock
+        )
     text = (tmp_path / "out.txt").read_text()
     said = re.findall(r"\d\d:\d\d:\d\d UTC (g: [^│┃]*?)\n(?=\d\d:|─|$)", text)
     assert [" ".join(line.split()) for line in said] == [
         "g: unavailable: cannot reach x:1: refused; asking again until it answers",
-        "g: available again, 42 s after its last answer (at "
-        f"{time.strftime('%H:%M:%S', time.gmtime(answered))} UTC)",
+        "g: available again, 42 s after its last answer (at 22:13:20 UTC)",
     ]
     with (tmp_path / "out.jsonl").open("w") as stdout:
         _watch_with(monkeypatch, [stable, away, stable], stdout, forever=False)
@@ -1779,12 +1785,9 @@ def test_follow_dates_an_outage_from_the_groups_last_answer(
 ) -> None:
     """The outage began after the last poll the group answered, which follow does not yield
     when nothing changed: the unavailable view carries when that was."""
-    from streamassign.aiokafka import describe as describe_module
-
     from .describe_polls import followed_views
 
     clock = iter([100.0, 200.0, 300.0])
-    monkeypatch.setattr(describe_module.time, "time", lambda: next(clock))
     stable = describe_bytes("g", "Stable", "consumer", PROTOCOL_NAME, streams_group())
-    shown = followed_views(monkeypatch, [stable, stable, _asked(3)])
+    shown = followed_views(monkeypatch, [stable, stable, _asked(3)], clock=lambda: next(clock))
     assert [(v.state, v.answered_at) for v in shown] == [("Stable", None), ("unavailable", 200.0)]

@@ -34,7 +34,7 @@ import enum
 import reprlib
 import time
 import zlib
-from collections.abc import AsyncIterator, Collection, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Iterable, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -232,7 +232,8 @@ class GroupView:
     #: ``describe --watch``: why the group could not be described (its state then
     #: :data:`UNAVAILABLE`); None otherwise.
     error: str | None = None
-    #: With ``error``: when the group last answered a poll (``time.time()``; None: never).
+    #: With ``error``: when the group last answered a poll, on ``follow``'s ``clock``
+    #: (``time.monotonic()`` unless given: for durations, not a date; None: never).
     answered_at: float | None = None
 
     @property
@@ -1940,7 +1941,11 @@ async def _plain_reason(connection: Connection, failed: GroupDescribeError) -> s
 
 
 async def follow(
-    connection: Connection, group: str, interval_s: float = 1.0
+    connection: Connection,
+    group: str,
+    interval_s: float = 1.0,
+    *,
+    clock: Callable[[], float] = time.monotonic,
 ) -> AsyncIterator[GroupView]:
     """Poll ``group`` every ``interval_s`` and yield each view whose state, assignment,
     processes' topology versions or looked-up topic metadata differ from the last one yielded
@@ -1950,8 +1955,7 @@ async def follow(
     Members' bytes are only read for a stable group, so a rebalance shows as a state change,
     then the new assignment. A failure after the first view is a view without members in
     state :data:`UNAVAILABLE` whose ``error`` says why (``answered_at``: when the group last
-    answered a poll), yielded once until the group answers
-    again."""
+    answered a poll, read on ``clock``), yielded once until the group answers again."""
     last: _Shown | None = None
     cache: dict[tuple[str, RawMember], MemberView] = {}
     answered_at: float | None = None
@@ -1959,7 +1963,7 @@ async def follow(
         while True:
             try:
                 view = await admin.describe(group, cache)
-                answered_at = time.time()
+                answered_at = clock()
             except GroupDescribeError as exc:
                 if last is None:
                     raise  # a wrong name or an unreachable group: say so at once

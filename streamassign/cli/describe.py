@@ -10,10 +10,11 @@ import json
 import logging
 import sys
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+import attrs
 import click
 
 from .. import TaskId
@@ -55,6 +56,7 @@ async def _watch(
     standbys: int | None,
     as_json: bool,
     acceptable_lag: int = ACCEPTABLE_RECOVERY_LAG,
+    clock: WatchClock | None = None,
 ) -> None:
     """Print each new view until interrupted or until stdout's reader is gone (``| grep -q
     Stable``, ``| head``): a one-shot command goes on as if read (``_ReaderGone``), but an
@@ -63,7 +65,7 @@ async def _watch(
 
     stdout = sys.stdout
     printing = asyncio.ensure_future(
-        _print_views(connection, group, interval, standbys, as_json, acceptable_lag)
+        _print_views(connection, group, interval, standbys, as_json, acceptable_lag, clock)
     )
     try:
         while not printing.done():
@@ -84,14 +86,16 @@ async def _print_views(
     standbys: int | None,
     as_json: bool,
     acceptable_lag: int = ACCEPTABLE_RECOVERY_LAG,
+    clock: WatchClock | None = None,
 ) -> None:
     from ..aiokafka.describe import follow, quality, to_json
 
     console = _Stdout()
     last = None  # the last readable view
     last_warning: str | None = None
-    outage = _Outage()
-    async for view in follow(connection, group, interval):
+    clock = clock or WatchClock()
+    outage = _Outage(clock)
+    async for view in follow(connection, group, interval, clock=clock.monotonic):
         if not as_json:
             back = outage.ended(view)
             if back is not None:
@@ -143,25 +147,36 @@ def _between_json(view: Any, last: Any) -> dict[str, Any]:
     }
 
 
+@attrs.frozen
+class WatchClock:
+    """``describe --watch``'s clocks: ``monotonic`` measures an outage (a step of the wall
+    clock during one cannot skew it), ``wall`` only dates it. Given, so a test sets both."""
+
+    monotonic: Callable[[], float] = time.monotonic
+    wall: Callable[[], float] = time.time
+
+
 class _Outage:
     """When ``describe --watch``'s group last answered before it became unavailable, to say
     once, when it answers again, how long it went unanswered: from its last answer, not from
     the poll that failed (which noticed the outage up to an interval and a timeout late)."""
 
-    def __init__(self) -> None:
-        self.since: float | None = None
+    def __init__(self, clock: WatchClock) -> None:
+        self.clock = clock
+        self.since: float | None = None  # on clock.monotonic, as follow's answered_at
 
     def ended(self, view: Any) -> str | None:
         """The line to print before ``view`` (a ``GroupView``; its ``error`` set: its poll
         failed) when it ends an outage; None otherwise."""
         if view.error is not None:
             if self.since is None:
-                self.since = view.answered_at if view.answered_at is not None else time.time()
+                answered = view.answered_at
+                self.since = answered if answered is not None else self.clock.monotonic()
             return None
         if self.since is None:
             return None
-        away, last = time.time() - self.since, _clock(self.since)
-        self.since = None
+        away, self.since = self.clock.monotonic() - self.since, None
+        last = _clock(self.clock.wall() - away)
         return f"available again, {away:.0f} s after its last answer (at {last})"
 
 
