@@ -15,7 +15,7 @@ import sys
 import time
 import uuid
 import zlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import TextIO
 
@@ -1745,39 +1745,47 @@ def test_load_imbalance_says_what_it_measures_and_when_thread_counts_alone_set_i
     )
 
 
-def test_members_table_at_60_columns_cuts_client_ids_rather_than_fold_them() -> None:
-    """Seen live at 60 columns: ``faust-0.15.`` / ``3`` in every row. Each id is cut to fit
-    (no two different ids cut alike) and printed whole below the table."""
+def _members_at(width: int, client_ids: Sequence[str]) -> str:
+    """The Members table, and the lines below it, of a two-process group whose members have
+    ``client_ids``, printed at ``width`` columns."""
     from rich.console import Console
 
     from streamassign.cli.describe_tables import _print_group
 
+    pids = ("20ccc6ba-0000-4000-8000-000000000001", "92dfdd4c-0000-4000-8000-000000000002")
     raw = [
         attrs.evolve(
             streams_member(f"m{k}", uuid.UUID(pid), f"0_{k}"),
-            client_id=f"faust-0.15.3-worker-{name}",
+            client_id=client_id,
             client_host="/127.0.0.1",
         )
-        for k, (pid, name) in enumerate(
-            (
-                ("20ccc6ba-0000-4000-8000-000000000001", "a"),
-                ("92dfdd4c-0000-4000-8000-000000000002", "b"),
-            )
-        )
+        for k, (pid, client_id) in enumerate(zip(pids, client_ids, strict=True))
     ]
     view = describe_bytes("g", "Stable", "consumer", PROTOCOL_NAME, raw)
-    console = Console(width=60, record=True)
+    console = Console(width=width, record=True, file=io.StringIO())
     _print_group(console, view, quality(view))
     text = console.export_text()
     members = text[text.index("Members") : text.index("Tasks (")]
     assert_whole_tables(members, MEMBERS_COLUMNS)
+    return members
+
+
+def test_members_table_cuts_client_ids_to_save_lines_rather_than_fold_them() -> None:
+    """Seen live at 60 columns: ``faust-0.15.`` / ``3`` in every row. Where a cut saves
+    lines each id is cut to fit (no two different ids cut alike) and printed whole below the
+    table; where the row folds anyway (its versions cell) the id is left whole, as a cut
+    would only hide part of it."""
+    ids = ["faust-0.15.3-worker-a", "faust-0.15.3-worker-b"]
+    members = _members_at(64, ids)
     cells = [line.split("│")[2].strip() for line in members.splitlines() if "│ m" in line]
-    # Both cut alike at the head, apart by their tails; a row each, no line folded.
-    assert len(cells) == 2 and len(set(cells)) == 2
-    assert all(cell.startswith("faust-") and "…" in cell for cell in cells)
-    assert [cell[-1] for cell in cells] == ["a", "b"]
-    assert len([line for line in members.splitlines() if line.startswith("│")]) == 4
+    # Cut alike at the head, apart by their tails; a row each, no line folded.
+    assert cells == ["faust-0.15…a", "faust-0.15…b"]
+    assert len([line for line in members.splitlines() if line.startswith("│")]) == 2
     assert "member m0: faust-0.15.3-worker-a @127.0.0.1" in members
+    # At 60 columns the versions cell folds each row to 2 lines whatever the id's length.
+    members = _members_at(60, ids)
+    rows = [line.split("│")[2].strip() for line in members.splitlines() if line.startswith("│")]
+    assert rows == ["faust-0.15.3-", "worker-a", "faust-0.15.3-", "worker-b"]
 
 
 def test_follow_dates_an_outage_from_the_groups_last_answer(

@@ -7,6 +7,7 @@ import sys
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any
 
+from rich.cells import cell_len
 from rich.console import Console
 from rich.measure import Measurement
 from rich.segment import Segment
@@ -257,21 +258,57 @@ def _client_ids_cut_to_fit(
     console: Console, ordered: Sequence[Any], labels: Mapping[str, str]
 ) -> Table:
     """The ``"hosts after"`` Members table with each client id cut to the longest length at
-    which the table fits (``faust-0.1…``, or ``faust…ker-a`` where only the tails differ),
-    no two different ids cut alike: a folded id (``faust-0.15.`` / ``3``) doubled each row at
-    60 columns. Each id is printed whole below the table."""
+    which the table fits in the fewest lines (``faust-0.1…``, or ``faust…ker-a`` where only
+    the tails differ), no two different ids cut alike: a folded id (``faust-0.15.`` / ``3``)
+    doubled each row at 60 columns. Each id is printed whole below the table. Ids are left
+    whole where no cut fits, or where a cut saves no line (a row another cell folds is as
+    tall either way, and the cut would only hide part of the id)."""
     ids = {m.client_id for m in ordered}
-    table = _members_table(ordered, labels, "hosts after")
-    for width in range(max(map(len, ids), default=0), 3, -1):
+    whole = _members_table(ordered, labels, "hosts after")
+    whole_lines = _rendered_lines(console, whole)
+    if _fits(console, whole_lines, ids):
+        return whole
+
+    def rendered(width: int) -> tuple[Table, list[str], bool] | None:
         shortened = _cut(ids, width)
-        if shortened is None:
-            break  # no shorter cut tells them apart either
+        if shortened is None:  # too short to tell them apart
+            return None
         table = _members_table(ordered, labels, "hosts after", shortened)
-        if _rendered_width(console, table) <= console.width and _unfolded(
-            console, table, shortened.values()
-        ):
-            break
-    return table
+        lines = _rendered_lines(console, table)
+        return table, lines, _fits(console, lines, shortened.values())
+
+    # The shortest cut leaves the other columns the most room, so the fewest lines; the
+    # longest cut that fits in as few is a binary search away (fitting only grows as ids
+    # shorten), a render each, not a render of every length.
+    longest = max(map(len, ids), default=0) - 1
+    shortest = next((w for w in range(4, longest + 1) if _cut(ids, w) is not None), 0)
+    best = rendered(shortest) if shortest else None
+    if best is None or not best[2]:
+        return whole
+    fewest, low, high = len(best[1]), shortest + 1, longest
+    while low <= high:
+        width = (low + high) // 2
+        tried = rendered(width)
+        if tried is not None and tried[2] and len(tried[1]) == fewest:
+            best, low = tried, width + 1
+        else:
+            high = width - 1
+    cropped = max(map(cell_len, whole_lines), default=0) > console.width
+    return best[0] if cropped or fewest < len(whole_lines) else whole
+
+
+def _rendered_lines(console: Console, table: Table) -> list[str]:
+    """``table`` rendered at the console's width, line by line."""
+    lines = Segment.split_lines(console.render(table, console.options))
+    return ["".join(segment.text for segment in line) for line in lines]
+
+
+def _fits(console: Console, lines: Sequence[str], texts: Iterable[str]) -> bool:
+    """Whether the rendered ``lines`` fit the console and show each of ``texts`` whole on
+    one line (a folded cell splits it over two)."""
+    if max(map(cell_len, lines), default=0) > console.width:
+        return False
+    return all(any(text in line for line in lines) for text in texts)
 
 
 def _cut(ids: Collection[str], width: int) -> dict[str, str] | None:
@@ -285,14 +322,6 @@ def _cut(ids: Collection[str], width: int) -> dict[str, str] | None:
         if len(set(cut.values())) == len(ids):
             return cut
     return None
-
-
-def _unfolded(console: Console, table: Table, texts: Iterable[str]) -> bool:
-    """Whether each of ``texts`` shows whole on one line of ``table`` rendered at the
-    console's width (a folded cell splits it over two)."""
-    lines = Segment.split_lines(console.render(table, console.options))
-    rendered = ["".join(segment.text for segment in line) for line in lines]
-    return all(any(text in line for line in rendered) for text in texts)
 
 
 def _rendered_width(console: Console, table: Table) -> int:
