@@ -89,6 +89,7 @@ def explain_command(
             uncertain_hand_backs=(now if last else new).protocol != FAUST_PROTOCOL_NAME,
             names=names,
             contested=contested,
+            zombies_named=(now if last else new).protocol == FAUST_PROTOCOL_NAME,
         )
 
 
@@ -97,7 +98,7 @@ def _last_moves(
 ) -> tuple[Explanation, list[str], dict[TaskId, tuple[str, ...]]]:
     """``explain --last``'s moves of ``now`` (read from ``path``), every process they name,
     and the tasks whose owner before was picked by the sticky assignor's tie-break among
-    several claimants none of which is a likely zombie (with those claimants); its warnings
+    several claimants not taken as likely zombies (with those claimants); its warnings
     of claims no assignment can hold said on stderr."""
     before = now.before_last_join()
     # Two processes reporting one task running: a zombie beside its task's new owner.
@@ -105,11 +106,12 @@ def _last_moves(
     processes = [*before, *now.views]
     conflicts = claim_conflicts(before, zombies=zombies)
     _warn_conflicts(conflicts, f"{path} (before its last rebalance)", _process_labels(processes))
-    contested = {
-        task: claimants
+    # The tie-break's candidates: a likely zombie's claim is read as state it holds.
+    candidates = {
+        task: tuple(pid for pid in claimants if pid not in zombies)
         for task, claimants, _ in conflicts.duplicate_actives
-        if len([pid for pid in claimants if pid not in zombies]) > 1
     }
+    contested = {task: pids for task, pids in candidates.items() if len(pids) > 1}
     moves = explain(
         before,
         now.views,

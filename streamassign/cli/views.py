@@ -136,6 +136,7 @@ def _print_moves(
     uncertain_hand_backs: bool = True,
     names: PartitionNames | None = None,
     contested: Mapping[TaskId, Sequence[str]] | None = None,
+    zombies_named: bool = True,
 ) -> None:
     """A table of the actives that moved and one of the standbys; one line for either kind
     when none moved (an empty bordered table reads as missing data). Without ``standbys``
@@ -144,7 +145,8 @@ def _print_moves(
     ``uncertain_hand_backs``: a line says what a snapshot cannot confirm of a hand-back (false
     for the Faust leader, which measures lags as a snapshot does, without end offsets).
     ``names``: a consumer group's tasks shown by partition. ``contested``: tasks whose owner
-    before is the tie-break's pick among these claimants (``explain --last``), marked."""
+    before is the tie-break's pick among these claimants (``explain --last``), marked;
+    ``zombies_named``: whether likely zombies were left out of them (Faust groups only)."""
     name = _labeller(labels)
     task = str if names is None else names.label
     first = "task" if names is None else "partition"
@@ -166,7 +168,8 @@ def _print_moves(
     else:
         console.print("no active task moved")
     if contested:
-        console.print(_contested_legend(moves, contested, name), markup=False)
+        legend = _contested_legend(moves, contested, name, zombies_named=zombies_named)
+        console.print(legend, markup=False)
     if not standbys:
         console.print(
             "standbys not shown: at a join a previous standby reports its state like any other "
@@ -183,11 +186,17 @@ _CONTESTED = "(?)"
 
 
 def _contested_legend(
-    moves: Explanation, contested: Mapping[TaskId, Sequence[str]], name: Callable[[str], str]
+    moves: Explanation,
+    contested: Mapping[TaskId, Sequence[str]],
+    name: Callable[[str], str],
+    *,
+    zombies_named: bool,
 ) -> str:
     """The line under the moves table that says what the ``_CONTESTED`` mark means, and which
     contested tasks show no move (their picked claimant runs them now: maybe a move all the
-    same, from another claimant)."""
+    same, from another claimant). ``contested``: each task's claimants not taken as likely
+    zombies; ``zombies_named``: false where none is looked for (not a Faust group), which the
+    line says, or a paused process's claims would read as checked."""
     moved = {m.task for m in moves.actives}
     still = [
         f"{t} ({' or '.join(map(name, pids))})"
@@ -197,15 +206,20 @@ def _contested_legend(
     parts = []
     if len(still) < len(contested):
         parts.append(
-            f"{_CONTESTED}: reported running by several processes at the join, none a likely "
-            "zombie: from is the one the sticky assignor keeps (smallest lag, then process "
-            "id), a guess"
+            f"{_CONTESTED}: reported running by several processes at the join: from is the "
+            "claimant the tie-break keeps among those not taken as likely zombies (smallest "
+            "lag, then process id), a guess"
         )
     if still:
         them = "them" if len(still) > 1 else "it"
         parts.append(
             f"contested and not listed (the claimant kept runs {them} now; a move from another "
             f"may hide): {listed(still)}"
+        )
+    if not zombies_named:
+        parts.append(
+            "zombies are looked for only in Faust groups: a paused process that came back "
+            "reads like this too"
         )
     return "; ".join(parts)
 
