@@ -1676,35 +1676,112 @@ def test_watch_json_gives_each_rebalancing_member_the_fields_the_table_watch_pri
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     """The table watch names each rebalancing member's process and tasks and the newcomer;
-    its --json lines carried only the group and state, so a script saw none of it."""
-    stable = describe_bytes("g", "Stable", "consumer", PROTOCOL_NAME, streams_group())
+    its --json lines carried only the group and state, so a script saw none of it. The
+    fields carried over from the last Stable view say so by name; a member that view could
+    not read has no process there (it read as a process named by its member id)."""
+    broken = RawMember("broken-member", "c", "/10.0.0.3", b"\xff\x00garbage")
+    stable = describe_bytes("g", "Stable", "consumer", PROTOCOL_NAME, [*streams_group(), broken])
     rebalancing = describe_bytes(
         "g",
         "PreparingRebalance",
         "consumer",
         "",
-        [RawMember("m1", "client", "/10.0.0.1"), RawMember("m9", "client", "/10.0.0.2")],
+        [
+            RawMember("m1", "client", "/10.0.0.1"),
+            RawMember("m9", "client", "/10.0.0.2"),
+            attrs.evolve(broken, metadata=b""),
+        ],
     )
     with (tmp_path / "out.jsonl").open("w") as stdout:
         _watch_with(monkeypatch, [rebalancing, stable, rebalancing], stdout, forever=False)
     lines = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
+    unknown = {"last_stable_process": None, "last_stable_active": None, "joining": None}
+    assert lines[0] == _between_line(
+        [
+            _between_member("broken-member", "/10.0.0.3", "c", **unknown),
+            _between_member("m1", "/10.0.0.1", **unknown),
+            _between_member("m9", "/10.0.0.2", **unknown),
+        ],
+        gone=None,
+    )
+    assert lines[2]["members"] == [
+        _between_member(
+            "broken-member",
+            "/10.0.0.3",
+            "c",
+            last_stable_process=None,
+            last_stable_active=None,
+            joining=False,
+        ),
+        _between_member(
+            "m1",
+            "/10.0.0.1",
+            last_stable_process=str(P1),
+            last_stable_active=["0_0", "0_1", "1_0"],
+            joining=False,
+        ),
+        _between_member(
+            "m9", "/10.0.0.2", last_stable_process=None, last_stable_active=None, joining=True
+        ),
+    ]
+    assert lines[2]["members_gone"] == 2
 
-    def member(member_id: str, host: str, **known: object) -> dict[str, object]:
-        return {"member_id": member_id, "client_id": "client", "client_host": host} | known
 
-    unknown = {"process": None, "active": None, "joining": None}
-    assert lines[0] == {
+def _between_member(
+    member_id: str, host: str, client: str = "client", **known: object
+) -> dict[str, object]:
+    """A member of a ``--json`` line between assignments."""
+    return {"member_id": member_id, "client_id": client, "client_host": host} | known
+
+
+def _between_line(members: list[dict[str, object]], gone: int | None) -> dict[str, object]:
+    """A ``--json`` line of group ``g`` in PreparingRebalance."""
+    return {
         "group": "g",
         "state": "PreparingRebalance",
         "protocol_type": "consumer",
-        "members": [member("m1", "/10.0.0.1", **unknown), member("m9", "/10.0.0.2", **unknown)],
-        "members_gone": None,
+        "members": members,
+        "members_gone": gone,
     }
-    assert lines[2]["members"] == [
-        member("m1", "/10.0.0.1", process=str(P1), active=["0_0", "0_1", "1_0"], joining=False),
-        member("m9", "/10.0.0.2", process=None, active=None, joining=True),
-    ]
-    assert lines[2]["members_gone"] == 2
+
+
+def test_one_describe_json_of_a_rebalancing_group_has_the_watchs_keys(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A one-shot ``describe --json`` of a rebalancing group gave each member 3 keys where
+    the watch's line gives 6 and ``members_gone``: one shape for scripts, null where no
+    Stable view was seen."""
+    rebalancing = describe_bytes(
+        "g", "PreparingRebalance", "consumer", "", [RawMember("m1", "client", "/10.0.0.1")]
+    )
+
+    async def fetched(*_: object) -> GroupView:
+        return rebalancing
+
+    monkeypatch.setattr("streamassign.aiokafka.describe.fetch_group", fetched)
+    result = CliRunner().invoke(main, ["describe", "g", "-b", "127.0.0.1:1", "--json"])
+    assert result.exit_code == 0, result.output
+    unknown = {"last_stable_process": None, "last_stable_active": None, "joining": None}
+    member = _between_member("m1", "/10.0.0.1", **unknown)
+    assert json.loads(result.stdout) == _between_line([member], gone=None)
+
+
+def test_a_watch_started_during_a_rebalance_does_not_say_use_watch(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A watch's first view, taken during a rebalance, said "or use --watch (it names them
+    from the last Stable view)": it is the watch, and it has no such view yet."""
+    rebalancing = describe_bytes(
+        "g", "PreparingRebalance", "consumer", "", [RawMember("m1", "client", "/10.0.0.1")]
+    )
+    with (tmp_path / "out.txt").open("w") as stdout:
+        _watch_with(monkeypatch, [rebalancing], stdout, forever=False, as_json=False)
+    text = " ".join((tmp_path / "out.txt").read_text().split())
+    assert "use --watch" not in text
+    assert (
+        "processes not known: Kafka returns no subscriptions while a group rebalances, and "
+        "the watch started during one: it names them from its next Stable view on" in text
+    )
 
 
 def test_one_describe_of_a_rebalancing_group_says_why_it_names_no_process() -> None:

@@ -107,7 +107,7 @@ async def _print_views(
                 line = f"{_now()} {group}: unavailable: {view.error}; asking again until it answers"
                 console.print(line, markup=False)
             else:
-                _print_rebalancing(console, view, last, f"{_now()} ")
+                _print_rebalancing(console, view, last, f"{_now()} ", watching=True)
             continue
         score = quality(view, standbys)
         warning = _standby_cap_warning(score)
@@ -133,9 +133,10 @@ async def _print_views(
 
 
 def _between_json(view: Any, last: Any) -> dict[str, Any]:
-    """``--watch --json``'s line for a group between assignments (``view``, not readable):
-    its state and each member as the last Stable view (``last``) knew it, as the table watch
-    prints them; a failed poll: its state and the reason apart."""
+    """``--json``'s object for a group between assignments (``view``, not readable): its
+    state and each member as the last Stable view (``last``; None: none, as in one
+    ``describe``) knew it, as the table watch prints them; a failed poll: its state and the
+    reason apart."""
     if view.error is not None:
         return {"group": view.group, "state": view.state, "error": view.error}
     return {
@@ -299,7 +300,9 @@ def describe(
         if warning is not None:
             click.echo(warning, err=True)
         if as_json:
-            click.echo(json.dumps(to_json(view, score), indent=2))
+            # Between assignments, the watch's keys (null: no Stable view before it).
+            data = to_json(view, score) if view.readable else _between_json(view, None)
+            click.echo(json.dumps(data, indent=2))
         else:
             _print_group(_Stdout(), view, score)
 

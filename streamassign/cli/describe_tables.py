@@ -124,23 +124,33 @@ _NO_PROCESSES = (
     "  processes not known: Kafka returns no subscriptions while a group rebalances; run "
     "describe again once it is Stable, or use --watch (it names them from the last Stable view)"
 )
+#: The same under a watch's first view (no Stable view before it to name them from).
+_NO_PROCESSES_YET = (
+    "  processes not known: Kafka returns no subscriptions while a group rebalances, and the "
+    "watch started during one: it names them from its next Stable view on"
+)
 
 
 def rebalancing_members(view: Any, last: Any) -> list[dict[str, Any]]:
     """Each member of ``view`` (a group between assignments) as the last Stable view ``last``
-    knew it: ``process`` and the ``active`` tasks it ran there, or ``joining`` (not in
-    ``last``); all three None when ``last`` is (not known, as in one ``describe``)."""
+    knew it: ``last_stable_process`` and the ``last_stable_active`` tasks it ran there (named
+    so: carried over from that view, maybe generations old), or ``joining`` (not in
+    ``last``); all three None when ``last`` is (not known, as in one ``describe``). A member
+    ``last`` could not read has no process there (None), as in its Stable line."""
     known = {} if last is None else {m.member_id: m for m in last.members}
     out = []
     for m in sorted(view.members, key=lambda m: m.member_id):
         was = known.get(m.member_id)
+        read = was if was is not None and was.assigned else None
         out.append(
             {
                 "member_id": m.member_id,
                 "client_id": m.client_id,
                 "client_host": m.client_host,
-                "process": None if was is None else was.process,
-                "active": None if was is None else [str(t) for t in sorted(was.active)],
+                "last_stable_process": None if read is None else read.process,
+                "last_stable_active": None
+                if read is None
+                else [str(t) for t in sorted(read.active)],
                 "joining": None if last is None else was is None,
             }
         )
@@ -155,12 +165,14 @@ def members_gone(view: Any, last: Any) -> int | None:
     return len({m.member_id for m in last.members} - {m.member_id for m in view.members})
 
 
-def _print_rebalancing(console: Console, view: Any, last: Any, prefix: str = "") -> None:
+def _print_rebalancing(
+    console: Console, view: Any, last: Any, prefix: str = "", *, watching: bool = False
+) -> None:
     """A group between assignments (``view``, not readable): its state, then each member,
     with the process and actives it had in ``last`` (the last Stable view ``--watch`` saw;
-    None: not known, as in one ``describe``, which says so), a member that view lacks marked
-    as joining; in PreparingRebalance, what the group waits for. ``prefix`` starts the first
-    line (the watch's time)."""
+    None: not known, as in one ``describe`` or a watch's first view, which says so), a
+    member that view lacks marked as joining; in PreparingRebalance, what the group waits
+    for. ``prefix`` starts the first line (the watch's time); ``watching``: in a watch."""
     members = rebalancing_members(view, last)
     console.print(
         f"{prefix}{view.group}: {_state_note(view.state)}, {len(members)} member(s)", markup=False
@@ -169,14 +181,14 @@ def _print_rebalancing(console: Console, view: Any, last: Any, prefix: str = "")
     labels = _member_labels(m["member_id"] for m in members)
     for m in members:
         line = f"  {labels[m['member_id']]}  {m['client_id']}@{m['client_host'].lstrip('/')}"
-        if m["process"] is not None:
-            active = ", ".join(m["active"]) or "none"
-            line += f"  process {processes[m['process']]}, ran {active}"
+        if m["last_stable_process"] is not None:
+            active = ", ".join(m["last_stable_active"]) or "none"
+            line += f"  process {processes[m['last_stable_process']]}, ran {active}"
         elif m["joining"]:
             line += "  joining (not in the last Stable view)"
         console.print(line, markup=False)
     if last is None and members:
-        console.print(_NO_PROCESSES, markup=False)
+        console.print(_NO_PROCESSES_YET if watching else _NO_PROCESSES, markup=False)
     if view.state == "PreparingRebalance":
         gone = members_gone(view, last)
         left = f" ({counted(gone, 'member')} of the last Stable view gone)" if gone else ""
