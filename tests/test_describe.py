@@ -211,10 +211,53 @@ def test_faust_with_our_assignor_reads_its_capacity_tag() -> None:
 
 
 def test_protocol_names_match_the_faust_integration() -> None:
+    from streamassign.aiokafka import describe as describe_module
     from streamassign.faust import PROTOCOL_NAME as FAUST_NAME
-    from streamassign.faust.leader import CAPACITY_TAG
+    from streamassign.faust import leader
 
-    assert (FAUST_PROTOCOL_NAME, FAUST_CAPACITY_TAG) == (FAUST_NAME, CAPACITY_TAG)
+    assert (FAUST_PROTOCOL_NAME, FAUST_CAPACITY_TAG) == (FAUST_NAME, leader.CAPACITY_TAG)
+    assert (
+        describe_module.FAUST_CHANGELOGS_TAG,
+        describe_module.FAUST_GLOBAL_CHANGELOGS_TAG,
+    ) == (leader.CHANGELOGS_TAG, leader.GLOBAL_CHANGELOGS_TAG)
+
+
+def _faust_dropin_view(topics: dict[int, dict[str, int]]) -> GroupView:
+    """A Faust drop-in group of one worker whose app has tables ``app-counts-changelog`` and
+    (global) ``app-glob-changelog``, and whose tasks are one of each subtopology of
+    ``topics`` (its topic dictionary)."""
+    tags = {
+        FAUST_CAPACITY_TAG: "1",
+        "streamassign.changelogs": "app-counts-changelog,app-glob-changelog",
+        "streamassign.global-changelogs": "app-glob-changelog",
+    }
+    sub = SubscriptionInfo(P1, client_tags=tags)
+    info = AssignmentInfo(frozenset(T(f"{s}_0") for s in topics), topics=topics)
+    subscribed = sorted({t for ts in topics.values() for t in ts})
+    raw = RawMember(
+        "w1", "faust", "h", meta(subscribed, sub.encode()), encode_assignment([], info.encode())
+    )
+    return describe_bytes("g", "Stable", "consumer", FAUST_PROTOCOL_NAME, [raw])
+
+
+def test_a_table_changelog_alone_in_its_task_group_is_a_problem() -> None:
+    """Seen live: after src grew from 6 to 8 partitions on a running fleet, the leader put
+    src (8) and its table's changelog (6) in different task groups, so a table partition's
+    updates came from source partitions run elsewhere; describe called the group balanced,
+    with no problem."""
+
+    def lone(topics: dict[int, dict[str, int]]) -> list[str]:
+        # The one worker is assigned one task of each group: the rest read unassigned.
+        problems = quality(_faust_dropin_view(topics)).problems
+        return [p for p in problems if p.startswith("table changelog")]
+
+    assert lone({8: {"src": 8}, 6: {"app-counts-changelog": 6}}) == [
+        "table changelog app-counts-changelog is in a task group with no source topic "
+        "(subtopology 6; its source's partition count changed?)"
+    ]
+    assert lone({1: {"src": 6, "app-counts-changelog": 6}}) == []
+    # A global table's changelog is read whole by every worker, in a group of its own.
+    assert lone({1: {"src": 6}, 2: {"app-glob-changelog": 1}}) == []
 
 
 def test_faust_metadata_is_decoded_without_importing_faust() -> None:

@@ -98,6 +98,9 @@ from .wire import assigned_partitions, subscribed_topics
 #: core): importing ``streamassign.faust`` imports Faust, which describing a group must not
 #: need. A unit test pins them to the originals.
 FAUST_CAPACITY_TAG = "streamassign.capacity"
+#: ``streamassign.faust.leader.CHANGELOGS_TAG`` and ``GLOBAL_CHANGELOGS_TAG``, spelt out so.
+FAUST_CHANGELOGS_TAG = "streamassign.changelogs"
+FAUST_GLOBAL_CHANGELOGS_TAG = "streamassign.global-changelogs"
 #: Faust's own assignor (``faust.assignor.PartitionAssignor.name``).
 FAUST_OWN_PROTOCOL_NAME = "faust"
 
@@ -185,6 +188,9 @@ class MemberView:
     announcement_error: str | None = None
     #: The announcement as sent: per subtopology id, its topics' places in ``topics``.
     announced_indices: Mapping[int, frozenset[int]] = attrs.field(factory=dict)
+    #: The Faust drop-in: the changelogs of the member's app's tables that are not global, as
+    #: its client tags announce them (other members: none).
+    changelogs: frozenset[str] = frozenset()
     undecodable: str | None = None
     #: ``undecodable`` is the subscription's user data only, and the assignment was read: the
     #: member is a process of its own (its member id) with that assignment, as the group
@@ -581,12 +587,17 @@ def _subscription(family: Family, protocol: str, view: MemberView, data: bytes) 
     if family == Family.STREAMS:
         info, unreadable = _streams_subscription(data)
         capacity = info.client_tags.get(FAUST_CAPACITY_TAG)
+        tagged = {
+            tag: frozenset(t for t in info.client_tags.get(tag, "").split(",") if t)
+            for tag in (FAUST_CHANGELOGS_TAG, FAUST_GLOBAL_CHANGELOGS_TAG)
+        }
         view = attrs.evolve(
             view,
             process=str(info.process_id),
             offset_sums=dict(info.offset_sums),
             previous_active=info.previous_active,
             capacity=int(capacity) if capacity and capacity.isdigit() else None,
+            changelogs=tagged[FAUST_CHANGELOGS_TAG] - tagged[FAUST_GLOBAL_CHANGELOGS_TAG],
             endpoint=info.endpoint,
             rack=info.rack,
             versions=f"sub v{info.version}/{info.latest_supported_version}",
@@ -1017,6 +1028,7 @@ def quality(view: GroupView, num_standby_replicas: int | None = None) -> GroupQu
         *_unreadable_announcements(view),
         *_unassigned_topics(view),
         *_undescribable_topics(view),
+        *_lone_changelogs(view),
         *violations(tasks, clients, assignment, replicas, stateful),
     ]
     return GroupQuality(
@@ -1041,6 +1053,26 @@ _ERROR_MEANING = {
     "ASSIGNMENT_ERROR": "the leader could not assign; its log says why",
     "SHUTDOWN_REQUESTED": "a member asked the group to shut down",
 }
+
+
+def _lone_changelogs(view: GroupView) -> list[str]:
+    """One problem per table changelog (as the Faust drop-in's members announce them) whose
+    task group holds no source topic. Faust writes a table's changelog partition p from its
+    source partition p, so the two share a task: alone, the changelog's updates come from
+    partitions another process may run (seen when a source topic's partition count changed
+    on a live fleet and the leader grouped the two apart). A table written from no topic at
+    all (a timer, say) reads so too, hence the question."""
+    changelogs = frozenset().union(*(m.changelogs for m in view.members if m.assigned))
+    groups: dict[int, set[str]] = {}
+    for task, partitions in view.tasks.items():
+        groups.setdefault(task.subtopology, set()).update(tp.topic for tp in partitions)
+    return [
+        f"table changelog {topic} is in a task group with no source topic (subtopology {sub}; "
+        "its source's partition count changed?)"
+        for sub, topics in sorted(groups.items())
+        if topics and topics <= changelogs
+        for topic in sorted(topics)
+    ]
 
 
 def _shared_ids(view: GroupView) -> list[str]:
