@@ -1056,23 +1056,49 @@ _ERROR_MEANING = {
 
 
 def _lone_changelogs(view: GroupView) -> list[str]:
-    """One problem per table changelog (as the Faust drop-in's members announce them) whose
-    task group holds no source topic. Faust writes a table's changelog partition p from its
-    source partition p, so the two share a task: alone, the changelog's updates come from
-    partitions another process may run (seen when a source topic's partition count changed
-    on a live fleet and the leader grouped the two apart). A table written from no topic at
-    all (a timer, say) reads so too, hence the question."""
-    changelogs = frozenset().union(*(m.changelogs for m in view.members if m.assigned))
+    """One problem per table changelog (as the Faust drop-in's members announce them: every
+    member reading it must, as the leader trusts them) whose task group holds no source
+    topic. Faust writes a table's changelog partition p from its source partition p, so the
+    two share a task: alone, the changelog's updates come from partitions another process
+    may run. The line says what the view shows of why: a topic of the changelog's partition
+    count in another group means members subscribe differently (a rolling deploy adding or
+    dropping the table); none means a source topic grew (seen live), or a table written by
+    key (``use_partitioner``) or outside a stream, which is legal."""
+    readers = [m for m in view.members if m.assigned]
+    announced = frozenset().union(*(m.changelogs for m in readers))
+    changelogs = {
+        topic
+        for topic in announced
+        if all(topic in m.changelogs for m in readers if topic in m.topics)
+    }
     groups: dict[int, set[str]] = {}
+    partitions_of: dict[str, set[int]] = {}
     for task, partitions in view.tasks.items():
-        groups.setdefault(task.subtopology, set()).update(tp.topic for tp in partitions)
+        for tp in partitions:
+            groups.setdefault(task.subtopology, set()).add(tp.topic)
+            partitions_of.setdefault(tp.topic, set()).add(tp.partition)
+    counts = {topic: len(ps) for topic, ps in partitions_of.items()}
     return [
         f"table changelog {topic} is in a task group with no source topic (subtopology {sub}; "
-        "its source's partition count changed?)"
+        f"{_why_alone(topic, counts, changelogs)})"
         for sub, topics in sorted(groups.items())
         if topics and topics <= changelogs
         for topic in sorted(topics)
     ]
+
+
+def _why_alone(changelog: str, counts: Mapping[str, int], changelogs: set[str]) -> str:
+    """What the view shows of why a changelog has no source topic beside it."""
+    count = counts.get(changelog)
+    if any(n == count and t not in changelogs for t, n in counts.items()):
+        return (
+            f"a topic of its {count} partitions is in another group: members subscribe "
+            "differently, a rolling deploy adding or dropping the table?"
+        )
+    return (
+        f"no source topic has its {count} partitions: a source topic grew, or the table is "
+        "written by key (use_partitioner) or outside a stream?"
+    )
 
 
 def _shared_ids(view: GroupView) -> list[str]:

@@ -99,15 +99,18 @@ async def _print_views(
         if not as_json:
             back = outage.ended(view)
             if back is not None:
-                console.print(f"{_now()} {group}: {back}", markup=False)
+                console.print(f"{_now(clock.wall)} {group}: {back}", markup=False)
         if not view.readable:
             if as_json:
                 click.echo(json.dumps(_between_json(view, last)))
             elif view.error is not None:
-                line = f"{_now()} {group}: unavailable: {view.error}; asking again until it answers"
+                line = (
+                    f"{_now(clock.wall)} {group}: unavailable: {view.error}; "
+                    "asking again until it answers"
+                )
                 console.print(line, markup=False)
             else:
-                _print_rebalancing(console, view, last, f"{_now()} ", watching=True)
+                _print_rebalancing(console, view, last, f"{_now(clock.wall)} ", watching=True)
             continue
         score = quality(view, standbys)
         warning = _standby_cap_warning(score)
@@ -125,7 +128,7 @@ async def _print_views(
             data = to_json(view, score) | ({} if moves is None else _moves_json(moves, names))
             click.echo(json.dumps(data))
             continue
-        console.rule(f"{group} at {_now()}")
+        console.rule(f"{group} at {_now(clock.wall)}")
         _print_group(console, view, score, labels)
         if moves is not None:
             faust = view.protocol == FAUST_PROTOCOL_NAME
@@ -199,8 +202,8 @@ def _returned(view: Any, acceptable_lag: int) -> dict[TaskId, str]:
     return handed_back(reports, view.previous_active(), view.protocol, acceptable_lag)
 
 
-def _now() -> str:
-    return _clock(time.time())
+def _now(wall: Callable[[], float] = time.time) -> str:
+    return _clock(wall())
 
 
 def _clock(seconds: float) -> str:
