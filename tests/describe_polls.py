@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 
 import pytest
 
@@ -15,11 +16,12 @@ def followed_views(
     polls: Sequence[describe_module.GroupView | Exception],
     *,
     fresh_start: Exception | None = None,
+    clock: Callable[[], float] = time.monotonic,
 ) -> list[describe_module.GroupView]:
     """The views ``describe.follow`` yields when its admin client's polls return ``polls`` in
     turn, an exception among them raised by its poll (the poll after the last raises, which
     ends the watch); a client started afresh after the first fails with ``fresh_start``
-    (None: it starts)."""
+    (None: it starts); ``clock``: ``follow``'s."""
     started = []
 
     class ScriptedAdmin:
@@ -46,7 +48,10 @@ def followed_views(
     async def followed() -> list[describe_module.GroupView]:
         out = []
         with pytest.raises(RuntimeError, match="no more polls"):
-            async for view in describe_module.follow(describe_module.Connection("x:1"), "g", 0):
+            following = describe_module.follow(
+                describe_module.Connection("x:1"), "g", 0, clock=clock
+            )
+            async for view in following:
                 out.append(view)
         return out
 

@@ -15,7 +15,7 @@ import sys
 import time
 import uuid
 import zlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import TextIO
 
@@ -44,6 +44,7 @@ from streamassign.aiokafka.describe import (
 from streamassign.aiokafka.streams import PROTOCOL_NAME
 from streamassign.aiokafka.wire import encode_assignment
 from streamassign.cli import main
+from streamassign.cli.describe import WatchClock
 from streamassign.consumer.userdata import AssignmentData, MemberData
 from streamassign.errors import ErrorCode, GroupDescribeError
 from streamassign.explain import Reason, explain, load_saved, load_snapshot
@@ -210,10 +211,61 @@ def test_faust_with_our_assignor_reads_its_capacity_tag() -> None:
 
 
 def test_protocol_names_match_the_faust_integration() -> None:
+    from streamassign.aiokafka import describe as describe_module
     from streamassign.faust import PROTOCOL_NAME as FAUST_NAME
-    from streamassign.faust.leader import CAPACITY_TAG
+    from streamassign.faust import leader
 
-    assert (FAUST_PROTOCOL_NAME, FAUST_CAPACITY_TAG) == (FAUST_NAME, CAPACITY_TAG)
+    assert (FAUST_PROTOCOL_NAME, FAUST_CAPACITY_TAG) == (FAUST_NAME, leader.CAPACITY_TAG)
+    assert (
+        describe_module.FAUST_CHANGELOGS_TAG,
+        describe_module.FAUST_GLOBAL_CHANGELOGS_TAG,
+    ) == (leader.CHANGELOGS_TAG, leader.GLOBAL_CHANGELOGS_TAG)
+
+
+def _faust_dropin_view(topics: dict[int, dict[str, int]]) -> GroupView:
+    """A Faust drop-in group of one worker whose app has tables ``app-counts-changelog`` and
+    (global) ``app-glob-changelog``, and whose tasks are one of each subtopology of
+    ``topics`` (its topic dictionary)."""
+    tags = {
+        FAUST_CAPACITY_TAG: "1",
+        "streamassign.changelogs": "app-counts-changelog,app-glob-changelog",
+        "streamassign.global-changelogs": "app-glob-changelog",
+    }
+    sub = SubscriptionInfo(P1, client_tags=tags)
+    info = AssignmentInfo(frozenset(T(f"{s}_0") for s in topics), topics=topics)
+    subscribed = sorted({t for ts in topics.values() for t in ts})
+    raw = RawMember(
+        "w1", "faust", "h", meta(subscribed, sub.encode()), encode_assignment([], info.encode())
+    )
+    return describe_bytes("g", "Stable", "consumer", FAUST_PROTOCOL_NAME, [raw])
+
+
+def test_a_table_changelog_alone_in_its_task_group_is_a_problem() -> None:
+    """Seen live: after src grew from 6 to 8 partitions on a running fleet, the leader put
+    src (8) and its table's changelog (6) in different task groups, so a table partition's
+    updates came from source partitions run elsewhere; describe called the group balanced,
+    with no problem."""
+
+    def lone(topics: dict[int, dict[str, int]]) -> list[str]:
+        # The one worker is assigned one task of each group: the rest read unassigned.
+        problems = quality(_faust_dropin_view(topics)).problems
+        return [p for p in problems if p.startswith("table changelog")]
+
+    assert lone({8: {"src": 8}, 6: {"app-counts-changelog": 6}}) == [
+        "table changelog app-counts-changelog is in a task group with no source topic "
+        "(subtopology 6; no source topic has its 6 partitions: a source topic grew, or the "
+        "table is written by key (use_partitioner) or outside a stream?)"
+    ]
+    # A rolling deploy adding the table: its source, of the same count, is grouped apart
+    # because not every member reads the changelog yet.
+    assert lone({6: {"src": 6}, 7: {"app-counts-changelog": 6}}) == [
+        "table changelog app-counts-changelog is in a task group with no source topic "
+        "(subtopology 7; a topic of its 6 partitions is in another group: members subscribe "
+        "differently, a rolling deploy adding or dropping the table?)"
+    ]
+    assert lone({1: {"src": 6, "app-counts-changelog": 6}}) == []
+    # A global table's changelog is read whole by every worker, in a group of its own.
+    assert lone({1: {"src": 6}, 2: {"app-glob-changelog": 1}}) == []
 
 
 def test_faust_metadata_is_decoded_without_importing_faust() -> None:
@@ -675,13 +727,15 @@ def _watch_with(
     stdout: TextIO,
     forever: bool,
     as_json: bool = True,
+    clock: WatchClock | None = None,
 ) -> float:
     """``describe --watch``'s loop on ``views`` (then polling for ever, if ``forever``) with
-    ``stdout`` as the CLI wraps it (``--json`` unless not ``as_json``); the seconds it ran."""
+    ``stdout`` as the CLI wraps it (``--json`` unless not ``as_json``; ``clock``: its clocks,
+    None: the real ones); the seconds it ran."""
     from streamassign.aiokafka import describe as describe_module
     from streamassign.cli import console, describe
 
-    async def follow(*_: object) -> AsyncIterator[GroupView]:
+    async def follow(*_: object, **__: object) -> AsyncIterator[GroupView]:
         for view in views:
             yield view
         while forever:  # a quiet group: nothing new to print
@@ -690,7 +744,8 @@ def _watch_with(
     monkeypatch.setattr(describe_module, "follow", follow)
     monkeypatch.setattr(sys, "stdout", console._ReaderGone(stdout))
     start = time.monotonic()
-    asyncio.run(asyncio.wait_for(describe._watch(None, "g", 1.0, None, as_json), 20))
+    watch = describe._watch(None, "g", 1.0, None, as_json, clock=clock)
+    asyncio.run(asyncio.wait_for(watch, 20))
     return time.monotonic() - start
 
 
@@ -1542,18 +1597,26 @@ def test_watch_prints_an_outage_once_and_its_end(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     """The table watch says the outage in one line and how long it lasted when the group
-    answers again; --json gives a state scripts can match exactly and the reason apart."""
+    answers again, counted from its last answer (a live outage of 97 s read 87 s counted from
+    the failed poll, which noticed it a timeout late); --json gives a state scripts can match
+    exactly and the reason apart."""
     stable = describe_bytes("g", "Stable", "consumer", PROTOCOL_NAME, streams_group())
     away = attrs.evolve(
-        describe_bytes("g", "unavailable", "", "", []), error="cannot reach x:1: refused"
+        describe_bytes("g", "unavailable", "", "", []),
+        error="cannot reach x:1: refused",
+        answered_at=1000.0,  # on the monotonic clock, 42 s before it reads 1042
     )
+    # Fixed clocks: the line must not depend on how long the rendering took.
+    clock = WatchClock(monotonic=lambda: 1042.0, wall=lambda: 1_700_000_042.0)
     with (tmp_path / "out.txt").open("w") as stdout:
-        _watch_with(monkeypatch, [stable, away, stable], stdout, forever=False, as_json=False)
+        _watch_with(
+            monkeypatch, [stable, away, stable], stdout, forever=False, as_json=False, clock=clock
+        )
     text = (tmp_path / "out.txt").read_text()
     said = re.findall(r"\d\d:\d\d:\d\d UTC (g: [^│┃]*?)\n(?=\d\d:|─|$)", text)
     assert [" ".join(line.split()) for line in said] == [
         "g: unavailable: cannot reach x:1: refused; asking again until it answers",
-        "g: available again after 0 s",
+        "g: available again, 42 s after its last answer (at 22:13:20 UTC)",
     ]
     with (tmp_path / "out.jsonl").open("w") as stdout:
         _watch_with(monkeypatch, [stable, away, stable], stdout, forever=False)
@@ -1658,3 +1721,209 @@ def test_ctrl_c_ends_every_step_of_describe_with_the_status_of_an_interrupt(
     monkeypatch.setattr("streamassign.aiokafka.describe.fetch_group", fetched)
     result = CliRunner().invoke(main, ["describe", "g", "-b", "127.0.0.1:1"])
     assert (result.exit_code, result.output) == (130, "")
+
+
+def test_watch_json_gives_each_rebalancing_member_the_fields_the_table_watch_prints(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The table watch names each rebalancing member's process and tasks and the newcomer;
+    its --json lines carried only the group and state, so a script saw none of it. The
+    fields carried over from the last Stable view say so by name; a member that view could
+    not read has no process there (it read as a process named by its member id)."""
+    broken = RawMember("broken-member", "c", "/10.0.0.3", b"\xff\x00garbage")
+    stable = describe_bytes("g", "Stable", "consumer", PROTOCOL_NAME, [*streams_group(), broken])
+    rebalancing = describe_bytes(
+        "g",
+        "PreparingRebalance",
+        "consumer",
+        "",
+        [
+            RawMember("m1", "client", "/10.0.0.1"),
+            RawMember("m9", "client", "/10.0.0.2"),
+            attrs.evolve(broken, metadata=b""),
+        ],
+    )
+    with (tmp_path / "out.jsonl").open("w") as stdout:
+        _watch_with(monkeypatch, [rebalancing, stable, rebalancing], stdout, forever=False)
+    lines = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
+    unknown = {"last_stable_process": None, "last_stable_active": None, "joining": None}
+    assert lines[0] == _between_line(
+        [
+            _between_member("broken-member", "/10.0.0.3", "c", **unknown),
+            _between_member("m1", "/10.0.0.1", **unknown),
+            _between_member("m9", "/10.0.0.2", **unknown),
+        ],
+        gone=None,
+    )
+    assert lines[2]["members"] == [
+        _between_member(
+            "broken-member",
+            "/10.0.0.3",
+            "c",
+            last_stable_process=None,
+            last_stable_active=None,
+            joining=False,
+        ),
+        _between_member(
+            "m1",
+            "/10.0.0.1",
+            last_stable_process=str(P1),
+            last_stable_active=["0_0", "0_1", "1_0"],
+            joining=False,
+        ),
+        _between_member(
+            "m9", "/10.0.0.2", last_stable_process=None, last_stable_active=None, joining=True
+        ),
+    ]
+    assert lines[2]["members_gone"] == 2
+
+
+def _between_member(
+    member_id: str, host: str, client: str = "client", **known: object
+) -> dict[str, object]:
+    """A member of a ``--json`` line between assignments."""
+    return {"member_id": member_id, "client_id": client, "client_host": host} | known
+
+
+def _between_line(members: list[dict[str, object]], gone: int | None) -> dict[str, object]:
+    """A ``--json`` line of group ``g`` in PreparingRebalance."""
+    return {
+        "group": "g",
+        "state": "PreparingRebalance",
+        "protocol_type": "consumer",
+        "members": members,
+        "members_gone": gone,
+    }
+
+
+def test_one_describe_json_of_a_rebalancing_group_has_the_watchs_keys(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A one-shot ``describe --json`` of a rebalancing group gave each member 3 keys where
+    the watch's line gives 6 and ``members_gone``: one shape for scripts, null where no
+    Stable view was seen."""
+    rebalancing = describe_bytes(
+        "g", "PreparingRebalance", "consumer", "", [RawMember("m1", "client", "/10.0.0.1")]
+    )
+
+    async def fetched(*_: object) -> GroupView:
+        return rebalancing
+
+    monkeypatch.setattr("streamassign.aiokafka.describe.fetch_group", fetched)
+    result = CliRunner().invoke(main, ["describe", "g", "-b", "127.0.0.1:1", "--json"])
+    assert result.exit_code == 0, result.output
+    unknown = {"last_stable_process": None, "last_stable_active": None, "joining": None}
+    member = _between_member("m1", "/10.0.0.1", **unknown)
+    assert json.loads(result.stdout) == _between_line([member], gone=None)
+
+
+def test_a_watch_started_during_a_rebalance_does_not_say_use_watch(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A watch's first view, taken during a rebalance, said "or use --watch (it names them
+    from the last Stable view)": it is the watch, and it has no such view yet."""
+    rebalancing = describe_bytes(
+        "g", "PreparingRebalance", "consumer", "", [RawMember("m1", "client", "/10.0.0.1")]
+    )
+    with (tmp_path / "out.txt").open("w") as stdout:
+        _watch_with(monkeypatch, [rebalancing], stdout, forever=False, as_json=False)
+    text = " ".join((tmp_path / "out.txt").read_text().split())
+    assert "use --watch" not in text
+    assert (
+        "processes not known: Kafka returns no subscriptions while a group rebalances, and "
+        "the watch started during one: it names them from its next Stable view on" in text
+    )
+
+
+def test_one_describe_of_a_rebalancing_group_says_why_it_names_no_process() -> None:
+    """Kafka returns no subscriptions while a group rebalances, so one describe cannot name
+    the members' processes: the blanks beside them were unexplained."""
+    rebalancing = describe_bytes(
+        "g", "CompletingRebalance", "consumer", "", [RawMember("m1", "client", "/10.0.0.1")]
+    )
+    text = " ".join(printed(rebalancing).split())
+    assert text.endswith(
+        "1 member(s) m1 client@10.0.0.1 processes not known: Kafka returns no subscriptions "
+        "while a group rebalances; run describe again once it is Stable, or use --watch (it "
+        "names them from the last Stable view)"
+    )
+    empty = describe_bytes("g", "Empty", "consumer", "", [])
+    assert "processes not known" not in printed(empty)
+
+
+def test_load_imbalance_says_what_it_measures_and_when_thread_counts_alone_set_it() -> None:
+    """Seen live: a 2-thread and a 1-thread process, 6 tasks and 1 standby each, read "load
+    imbalance 3.00" with nothing to say it is forced: each process holds all 6 tasks, 6/2 =
+    3.00 per thread against 6/1 = 6.00."""
+    p1 = "20ccc6ba-0000-4000-8000-000000000001"
+    p2 = "92dfdd4c-0000-4000-8000-000000000002"
+    raw = [
+        streams_member("m1", uuid.UUID(p1), "0_0 0_1", "0_4"),
+        streams_member("m2", uuid.UUID(p1), "0_2 0_3", "0_5"),
+        streams_member("m3", uuid.UUID(p2), "0_4 0_5", "0_0 0_1 0_2 0_3"),
+    ]
+    view = describe_bytes("rtapp", "Stable", "consumer", PROTOCOL_NAME, raw)
+    text = " ".join(printed(view).split())
+    assert "load imbalance (per thread, max - min) │ 3.00" in text
+    assert text.endswith(
+        "load imbalance: tasks held (active, standby, warmup) per thread, most 6/1 = 6.00 on "
+        "92dfdd4c, fewest 6/2 = 3.00 on 20ccc6ba; every process holds every task (an active or "
+        "a standby copy), so the thread counts alone set it: no assignment with these standbys "
+        "evens it"
+    )
+
+
+def _members_at(width: int, client_ids: Sequence[str]) -> str:
+    """The Members table, and the lines below it, of a two-process group whose members have
+    ``client_ids``, printed at ``width`` columns."""
+    from rich.console import Console
+
+    from streamassign.cli.describe_tables import _print_group
+
+    pids = ("20ccc6ba-0000-4000-8000-000000000001", "92dfdd4c-0000-4000-8000-000000000002")
+    raw = [
+        attrs.evolve(
+            streams_member(f"m{k}", uuid.UUID(pid), f"0_{k}"),
+            client_id=client_id,
+            client_host="/127.0.0.1",
+        )
+        for k, (pid, client_id) in enumerate(zip(pids, client_ids, strict=True))
+    ]
+    view = describe_bytes("g", "Stable", "consumer", PROTOCOL_NAME, raw)
+    console = Console(width=width, record=True, file=io.StringIO())
+    _print_group(console, view, quality(view))
+    text = console.export_text()
+    members = text[text.index("Members") : text.index("Tasks (")]
+    assert_whole_tables(members, MEMBERS_COLUMNS)
+    return members
+
+
+def test_members_table_cuts_client_ids_to_save_lines_rather_than_fold_them() -> None:
+    """Seen live at 60 columns: ``faust-0.15.`` / ``3`` in every row. Where a cut saves
+    lines each id is cut to fit (no two different ids cut alike) and printed whole below the
+    table; where the row folds anyway (its versions cell) the id is left whole, as a cut
+    would only hide part of it."""
+    ids = ["faust-0.15.3-worker-a", "faust-0.15.3-worker-b"]
+    members = _members_at(64, ids)
+    cells = [line.split("│")[2].strip() for line in members.splitlines() if "│ m" in line]
+    # Cut alike at the head, apart by their tails; a row each, no line folded.
+    assert cells == ["faust-0.15…a", "faust-0.15…b"]
+    assert len([line for line in members.splitlines() if line.startswith("│")]) == 2
+    assert "member m0: faust-0.15.3-worker-a @127.0.0.1" in members
+    # At 60 columns the versions cell folds each row to 2 lines whatever the id's length.
+    members = _members_at(60, ids)
+    rows = [line.split("│")[2].strip() for line in members.splitlines() if line.startswith("│")]
+    assert rows == ["faust-0.15.3-", "worker-a", "faust-0.15.3-", "worker-b"]
+
+
+def test_follow_dates_an_outage_from_the_groups_last_answer(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The outage began after the last poll the group answered, which follow does not yield
+    when nothing changed: the unavailable view carries when that was."""
+    from .describe_polls import followed_views
+
+    clock = iter([100.0, 200.0, 300.0])
+    stable = describe_bytes("g", "Stable", "consumer", PROTOCOL_NAME, streams_group())
+    shown = followed_views(monkeypatch, [stable, stable, _asked(3)], clock=lambda: next(clock))
+    assert [(v.state, v.answered_at) for v in shown] == [("Stable", None), ("unavailable", 200.0)]

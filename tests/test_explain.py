@@ -2072,3 +2072,98 @@ def test_plan_of_a_faust_snapshot_names_processes_short_and_calls_no_changelog_r
     assignment = result.stdout[result.stdout.index("Assignment") :]
     rows = [line.split("│")[1].strip() for line in assignment.splitlines() if "│ 1 " in line]
     assert rows == ["9986b500", "a031c13c"]
+
+
+def test_explain_last_marks_a_contested_task_the_tie_break_credited(tmp_path: Path) -> None:
+    """A runtime group names no zombie, so a task two processes reported running is credited
+    to the claimant the tie-break keeps: its row read as any other move, and a contested task
+    that claimant runs now was not shown at all. The row is marked, a line says what the mark
+    means, and the unlisted one is named."""
+    after = snapshot(
+        tmp_path / "after.json",
+        {
+            "Z": {"active": []},
+            "H1": {"active": ["0_1", "0_3", "0_4"]},
+            "H2": {"active": ["0_2"]},
+        },
+        {
+            "Z": {"0_1": -2, "0_2": -2, "0_4": -2},
+            "H1": {"0_3": -2},
+            "H2": {"0_2": -2, "0_4": -2},
+        },
+    )
+    code, out, err = _invoke("explain", "--last", after)
+    assert code == 0, err
+    rows = [
+        [cell.strip() for cell in line.split("│")[1:-1]]
+        for line in out.splitlines()
+        if "│ 0_" in line
+    ]
+    assert [row[:3] for row in rows] == [["0_1", "Z", "H1"], ["0_4", "H2 (?)", "H1"]]
+    assert " ".join(out.split()).endswith(
+        f"{_CONTESTED_LEGEND}; contested and not listed (the claimant kept runs it now; a "
+        f"move from another may hide): 0_2 (H2 or Z); {_NO_ZOMBIES_LOOKED_FOR} {_NO_STANDBYS}"
+    )
+
+
+#: ``explain --last``'s legend of a contested task's mark, and what follows it.
+_CONTESTED_LEGEND = (
+    "(?): reported running by several processes at the join: from is the claimant the "
+    "tie-break keeps among those not taken as likely zombies (smallest lag, then process id), "
+    "a guess"
+)
+_NO_ZOMBIES_LOOKED_FOR = (
+    "zombies are looked for only in Faust groups: a paused process that came back reads like "
+    "this too"
+)
+_NO_STANDBYS = (
+    "standbys not shown: at a join a previous standby reports its state like any other local "
+    "state (save BEFORE with describe --json to compare standbys)"
+)
+
+
+def _moved_rows(out: str) -> list[list[str]]:
+    """The task, from and to of each row of ``explain``'s moves table."""
+    rows = [line.split("│")[1:4] for line in out.splitlines() if "│ 0_" in line]
+    return [[cell.strip() for cell in row] for row in rows]
+
+
+def test_explain_last_legend_leaves_a_likely_zombie_out_of_a_contested_task(
+    tmp_path: Path,
+) -> None:
+    """A Faust group: Z claims only 0_1, which H1 and H2 claim too, so Z is a likely zombie
+    and the tie-break picks between H1 and H2. The legend said "none a likely zombie" two
+    lines below the warning naming Z, and listed Z among the candidates of an unlisted task."""
+    assignment = {"H1": {"active": ["0_2"]}, "H2": {"active": ["0_1", "0_3"]}, "Z": {"active": []}}
+    sums = {"H1": {"0_1": -2, "0_2": -2}, "H2": {"0_1": -2, "0_3": -2}, "Z": {"0_1": -2}}
+    path = snapshot(tmp_path / "moved.json", assignment, sums, protocol=FAUST_PROTOCOL_NAME)
+    code, out, err = _invoke("explain", "--last", path)
+    assert code == 0, err
+    assert "Z: likely a zombie" in " ".join(err.split())
+    assert _moved_rows(out) == [["0_1", "H1 (?)", "H2"]]
+    assert " ".join(out.split()).endswith(f"{_CONTESTED_LEGEND} {_NO_STANDBYS}")
+    # 0_1 stays with H1, the claimant kept: not listed, and its candidates leave Z out.
+    assignment |= {"H1": {"active": ["0_1", "0_2"]}, "H2": {"active": ["0_3"]}}
+    path = snapshot(tmp_path / "kept.json", assignment, sums, protocol=FAUST_PROTOCOL_NAME)
+    code, out, err = _invoke("explain", "--last", path)
+    assert code == 0, err
+    assert " ".join(out.split()).endswith(
+        "no active task moved contested and not listed (the claimant kept runs it now; a move "
+        f"from another may hide): 0_1 (H1 or H2) {_NO_STANDBYS}"
+    )
+
+
+def test_explain_last_legend_of_a_runtime_group_says_no_zombie_was_looked_for(
+    tmp_path: Path,
+) -> None:
+    """A runtime group: every claim of A0 is contested, a zombie's pattern, but zombies are
+    looked for only in Faust groups; the legend said "none a likely zombie" all the same."""
+    assignment = {"A0": {"active": []}, "H1": {"active": ["0_1", "0_2"]}, "H2": {"active": ["0_3"]}}
+    sums = {"A0": {"0_1": -2, "0_3": -2}, "H1": {"0_1": -2, "0_2": -2}, "H2": {"0_3": -2}}
+    path = snapshot(tmp_path / "after.json", assignment, sums, protocol="streamassign-streams")
+    code, out, err = _invoke("explain", "--last", path)
+    assert code == 0, err
+    assert _moved_rows(out) == [["0_1", "A0 (?)", "H1"], ["0_3", "A0 (?)", "H2"]]
+    assert " ".join(out.split()).endswith(
+        f"{_CONTESTED_LEGEND}; {_NO_ZOMBIES_LOOKED_FOR} {_NO_STANDBYS}"
+    )

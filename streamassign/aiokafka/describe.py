@@ -32,8 +32,9 @@ from __future__ import annotations
 import asyncio
 import enum
 import reprlib
+import time
 import zlib
-from collections.abc import AsyncIterator, Collection, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Iterable, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -97,6 +98,9 @@ from .wire import assigned_partitions, subscribed_topics
 #: core): importing ``streamassign.faust`` imports Faust, which describing a group must not
 #: need. A unit test pins them to the originals.
 FAUST_CAPACITY_TAG = "streamassign.capacity"
+#: ``streamassign.faust.leader.CHANGELOGS_TAG`` and ``GLOBAL_CHANGELOGS_TAG``, spelt out so.
+FAUST_CHANGELOGS_TAG = "streamassign.changelogs"
+FAUST_GLOBAL_CHANGELOGS_TAG = "streamassign.global-changelogs"
 #: Faust's own assignor (``faust.assignor.PartitionAssignor.name``).
 FAUST_OWN_PROTOCOL_NAME = "faust"
 
@@ -184,6 +188,9 @@ class MemberView:
     announcement_error: str | None = None
     #: The announcement as sent: per subtopology id, its topics' places in ``topics``.
     announced_indices: Mapping[int, frozenset[int]] = attrs.field(factory=dict)
+    #: The Faust drop-in: the changelogs of the member's app's tables that are not global, as
+    #: its client tags announce them (other members: none).
+    changelogs: frozenset[str] = frozenset()
     undecodable: str | None = None
     #: ``undecodable`` is the subscription's user data only, and the assignment was read: the
     #: member is a process of its own (its member id) with that assignment, as the group
@@ -231,6 +238,9 @@ class GroupView:
     #: ``describe --watch``: why the group could not be described (its state then
     #: :data:`UNAVAILABLE`); None otherwise.
     error: str | None = None
+    #: With ``error``: when the group last answered a poll, on ``follow``'s ``clock``
+    #: (``time.monotonic()`` unless given: for durations, not a date; None: never).
+    answered_at: float | None = None
 
     @property
     def readable(self) -> bool:
@@ -577,12 +587,17 @@ def _subscription(family: Family, protocol: str, view: MemberView, data: bytes) 
     if family == Family.STREAMS:
         info, unreadable = _streams_subscription(data)
         capacity = info.client_tags.get(FAUST_CAPACITY_TAG)
+        tagged = {
+            tag: frozenset(t for t in info.client_tags.get(tag, "").split(",") if t)
+            for tag in (FAUST_CHANGELOGS_TAG, FAUST_GLOBAL_CHANGELOGS_TAG)
+        }
         view = attrs.evolve(
             view,
             process=str(info.process_id),
             offset_sums=dict(info.offset_sums),
             previous_active=info.previous_active,
             capacity=int(capacity) if capacity and capacity.isdigit() else None,
+            changelogs=tagged[FAUST_CHANGELOGS_TAG] - tagged[FAUST_GLOBAL_CHANGELOGS_TAG],
             endpoint=info.endpoint,
             rack=info.rack,
             versions=f"sub v{info.version}/{info.latest_supported_version}",
@@ -1013,6 +1028,7 @@ def quality(view: GroupView, num_standby_replicas: int | None = None) -> GroupQu
         *_unreadable_announcements(view),
         *_unassigned_topics(view),
         *_undescribable_topics(view),
+        *_lone_changelogs(view),
         *violations(tasks, clients, assignment, replicas, stateful),
     ]
     return GroupQuality(
@@ -1037,6 +1053,52 @@ _ERROR_MEANING = {
     "ASSIGNMENT_ERROR": "the leader could not assign; its log says why",
     "SHUTDOWN_REQUESTED": "a member asked the group to shut down",
 }
+
+
+def _lone_changelogs(view: GroupView) -> list[str]:
+    """One problem per table changelog (as the Faust drop-in's members announce them: every
+    member reading it must, as the leader trusts them) whose task group holds no source
+    topic. Faust writes a table's changelog partition p from its source partition p, so the
+    two share a task: alone, the changelog's updates come from partitions another process
+    may run. The line says what the view shows of why: a topic of the changelog's partition
+    count in another group means members subscribe differently (a rolling deploy adding or
+    dropping the table); none means a source topic grew (seen live), or a table written by
+    key (``use_partitioner``) or outside a stream, which is legal."""
+    readers = [m for m in view.members if m.assigned]
+    announced = frozenset().union(*(m.changelogs for m in readers))
+    changelogs = {
+        topic
+        for topic in announced
+        if all(topic in m.changelogs for m in readers if topic in m.topics)
+    }
+    groups: dict[int, set[str]] = {}
+    partitions_of: dict[str, set[int]] = {}
+    for task, partitions in view.tasks.items():
+        for tp in partitions:
+            groups.setdefault(task.subtopology, set()).add(tp.topic)
+            partitions_of.setdefault(tp.topic, set()).add(tp.partition)
+    counts = {topic: len(ps) for topic, ps in partitions_of.items()}
+    return [
+        f"table changelog {topic} is in a task group with no source topic (subtopology {sub}; "
+        f"{_why_alone(topic, counts, changelogs)})"
+        for sub, topics in sorted(groups.items())
+        if topics and topics <= changelogs
+        for topic in sorted(topics)
+    ]
+
+
+def _why_alone(changelog: str, counts: Mapping[str, int], changelogs: set[str]) -> str:
+    """What the view shows of why a changelog has no source topic beside it."""
+    count = counts.get(changelog)
+    if any(n == count and t not in changelogs for t, n in counts.items()):
+        return (
+            f"a topic of its {count} partitions is in another group: members subscribe "
+            "differently, a rolling deploy adding or dropping the table?"
+        )
+    return (
+        f"no source topic has its {count} partitions: a source topic grew, or the table is "
+        "written by key (use_partitioner) or outside a stream?"
+    )
 
 
 def _shared_ids(view: GroupView) -> list[str]:
@@ -1937,7 +1999,11 @@ async def _plain_reason(connection: Connection, failed: GroupDescribeError) -> s
 
 
 async def follow(
-    connection: Connection, group: str, interval_s: float = 1.0
+    connection: Connection,
+    group: str,
+    interval_s: float = 1.0,
+    *,
+    clock: Callable[[], float] = time.monotonic,
 ) -> AsyncIterator[GroupView]:
     """Poll ``group`` every ``interval_s`` and yield each view whose state, assignment,
     processes' topology versions or looked-up topic metadata differ from the last one yielded
@@ -1946,14 +2012,16 @@ async def follow(
     A failed metadata lookup keeps the last one (a transient failure is not a change).
     Members' bytes are only read for a stable group, so a rebalance shows as a state change,
     then the new assignment. A failure after the first view is a view without members in
-    state :data:`UNAVAILABLE` whose ``error`` says why, yielded once until the group answers
-    again."""
+    state :data:`UNAVAILABLE` whose ``error`` says why (``answered_at``: when the group last
+    answered a poll, read on ``clock``), yielded once until the group answers again."""
     last: _Shown | None = None
     cache: dict[tuple[str, RawMember], MemberView] = {}
+    answered_at: float | None = None
     async with _Admin(connection) as admin:
         while True:
             try:
                 view = await admin.describe(group, cache)
+                answered_at = clock()
             except GroupDescribeError as exc:
                 if last is None:
                     raise  # a wrong name or an unreachable group: say so at once
@@ -1963,7 +2031,17 @@ async def follow(
                 why = (
                     str(exc) if last.state == UNAVAILABLE else await _plain_reason(connection, exc)
                 )
-                view = GroupView(group, UNAVAILABLE, "", "", Family.CONSUMER, (), {}, error=why)
+                view = GroupView(
+                    group,
+                    UNAVAILABLE,
+                    "",
+                    "",
+                    Family.CONSUMER,
+                    (),
+                    {},
+                    error=why,
+                    answered_at=answered_at,
+                )
             shown = _Shown.of(view, last)
             if shown != last:
                 last = shown

@@ -10,10 +10,11 @@ import json
 import logging
 import sys
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+import attrs
 import click
 
 from .. import TaskId
@@ -32,7 +33,13 @@ from ..streams import (
 )
 from .connection import _check_security, _connection
 from .console import _ReaderGone, _say, _say_wrapped, _Stdout
-from .describe_tables import _print_group, _print_rebalancing, _view_labels
+from .describe_tables import (
+    _print_group,
+    _print_rebalancing,
+    _view_labels,
+    members_gone,
+    rebalancing_members,
+)
 from .extras import _require
 from .group import main
 from .options import _EXISTING_FILE, _acceptable_lag_option, _json_option, _shown
@@ -49,6 +56,7 @@ async def _watch(
     standbys: int | None,
     as_json: bool,
     acceptable_lag: int = ACCEPTABLE_RECOVERY_LAG,
+    clock: WatchClock | None = None,
 ) -> None:
     """Print each new view until interrupted or until stdout's reader is gone (``| grep -q
     Stable``, ``| head``): a one-shot command goes on as if read (``_ReaderGone``), but an
@@ -57,7 +65,7 @@ async def _watch(
 
     stdout = sys.stdout
     printing = asyncio.ensure_future(
-        _print_views(connection, group, interval, standbys, as_json, acceptable_lag)
+        _print_views(connection, group, interval, standbys, as_json, acceptable_lag, clock)
     )
     try:
         while not printing.done():
@@ -78,27 +86,31 @@ async def _print_views(
     standbys: int | None,
     as_json: bool,
     acceptable_lag: int = ACCEPTABLE_RECOVERY_LAG,
+    clock: WatchClock | None = None,
 ) -> None:
     from ..aiokafka.describe import follow, quality, to_json
 
     console = _Stdout()
     last = None  # the last readable view
     last_warning: str | None = None
-    outage = _Outage()
-    async for view in follow(connection, group, interval):
+    clock = clock or WatchClock()
+    outage = _Outage(clock)
+    async for view in follow(connection, group, interval, clock=clock.monotonic):
         if not as_json:
-            back = outage.ended(view.error)
+            back = outage.ended(view)
             if back is not None:
-                console.print(f"{_now()} {group}: {back}", markup=False)
+                console.print(f"{_now(clock.wall)} {group}: {back}", markup=False)
         if not view.readable:
             if as_json:
-                error = {} if view.error is None else {"error": view.error}
-                click.echo(json.dumps({"group": group, "state": view.state, **error}))
+                click.echo(json.dumps(_between_json(view, last)))
             elif view.error is not None:
-                line = f"{_now()} {group}: unavailable: {view.error}; asking again until it answers"
+                line = (
+                    f"{_now(clock.wall)} {group}: unavailable: {view.error}; "
+                    "asking again until it answers"
+                )
                 console.print(line, markup=False)
             else:
-                _print_rebalancing(console, view, last, f"{_now()} ")
+                _print_rebalancing(console, view, last, f"{_now(clock.wall)} ", watching=True)
             continue
         score = quality(view, standbys)
         warning = _standby_cap_warning(score)
@@ -116,31 +128,60 @@ async def _print_views(
             data = to_json(view, score) | ({} if moves is None else _moves_json(moves, names))
             click.echo(json.dumps(data))
             continue
-        console.rule(f"{group} at {_now()}")
+        console.rule(f"{group} at {_now(clock.wall)}")
         _print_group(console, view, score, labels)
         if moves is not None:
             faust = view.protocol == FAUST_PROTOCOL_NAME
             _print_moves(console, moves, labels=labels, uncertain_hand_backs=not faust, names=names)
 
 
+def _between_json(view: Any, last: Any) -> dict[str, Any]:
+    """``--json``'s object for a group between assignments (``view``, not readable): its
+    state and each member as the last Stable view (``last``; None: none, as in one
+    ``describe``) knew it, as the table watch prints them; a failed poll: its state and the
+    reason apart."""
+    if view.error is not None:
+        return {"group": view.group, "state": view.state, "error": view.error}
+    return {
+        "group": view.group,
+        "state": view.state,
+        "protocol_type": view.protocol_type,
+        "members": rebalancing_members(view, last),
+        "members_gone": members_gone(view, last),
+    }
+
+
+@attrs.frozen
+class WatchClock:
+    """``describe --watch``'s clocks: ``monotonic`` measures an outage (a step of the wall
+    clock during one cannot skew it), ``wall`` only dates it. Given, so a test sets both."""
+
+    monotonic: Callable[[], float] = time.monotonic
+    wall: Callable[[], float] = time.time
+
+
 class _Outage:
-    """When ``describe --watch`` last saw its group become unavailable, to say once how long
-    it was away when it answers again."""
+    """When ``describe --watch``'s group last answered before it became unavailable, to say
+    once, when it answers again, how long it went unanswered: from its last answer, not from
+    the poll that failed (which noticed the outage up to an interval and a timeout late)."""
 
-    def __init__(self) -> None:
-        self.since: float | None = None
+    def __init__(self, clock: WatchClock) -> None:
+        self.clock = clock
+        self.since: float | None = None  # on clock.monotonic, as follow's answered_at
 
-    def ended(self, error: str | None) -> str | None:
-        """The line to print before a view whose poll failed with ``error`` (None: it
-        answered) when it ends an outage; None otherwise."""
-        if error is not None:
+    def ended(self, view: Any) -> str | None:
+        """The line to print before ``view`` (a ``GroupView``; its ``error`` set: its poll
+        failed) when it ends an outage; None otherwise."""
+        if view.error is not None:
             if self.since is None:
-                self.since = time.monotonic()
+                answered = view.answered_at
+                self.since = answered if answered is not None else self.clock.monotonic()
             return None
         if self.since is None:
             return None
-        away, self.since = time.monotonic() - self.since, None
-        return f"available again after {away:.0f} s"
+        away, self.since = self.clock.monotonic() - self.since, None
+        last = _clock(self.clock.wall() - away)
+        return f"available again, {away:.0f} s after its last answer (at {last})"
 
 
 def _moves_since(
@@ -161,10 +202,15 @@ def _returned(view: Any, acceptable_lag: int) -> dict[TaskId, str]:
     return handed_back(reports, view.previous_active(), view.protocol, acceptable_lag)
 
 
-def _now() -> str:
+def _now(wall: Callable[[], float] = time.time) -> str:
+    return _clock(wall())
+
+
+def _clock(seconds: float) -> str:
+    """``seconds`` (``time.time()``) as the watch's lines start: ``HH:MM:SS UTC``."""
     import datetime
 
-    return datetime.datetime.now(datetime.UTC).strftime("%H:%M:%S UTC")
+    return datetime.datetime.fromtimestamp(seconds, datetime.UTC).strftime("%H:%M:%S UTC")
 
 
 @main.command()
@@ -257,7 +303,9 @@ def describe(
         if warning is not None:
             click.echo(warning, err=True)
         if as_json:
-            click.echo(json.dumps(to_json(view, score), indent=2))
+            # Between assignments, the watch's keys (null: no Stable view before it).
+            data = to_json(view, score) if view.readable else _between_json(view, None)
+            click.echo(json.dumps(data, indent=2))
         else:
             _print_group(_Stdout(), view, score)
 

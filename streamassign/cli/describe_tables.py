@@ -4,9 +4,10 @@ assignment's quality."""
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any
 
+from rich.cells import cell_len
 from rich.console import Console
 from rich.measure import Measurement
 from rich.segment import Segment
@@ -77,6 +78,36 @@ def _print_group(
     consumer = str(view.family) == "consumer"
     topics = {t.subtopology: tp.topic for t, ps in view.tasks.items() for tp in ps}
     _print_quality(console, score, has_standbys=not consumer, topics=topics if consumer else None)
+    if score.metrics.load_imbalance > 0:
+        console.print(_load_note(processes, labels), markup=False)
+
+
+def _load_note(processes: Mapping[str, Any], labels: Mapping[str, str]) -> str:
+    """What the quality table's load imbalance measures, with the two processes that set it:
+    tasks held (active, standby, warmup) per thread. Where every process holds every task (as
+    many standbys as processes - 1), the thread counts alone set it: say so, or a 2+1-thread
+    app's 3.00 reads as an assignment to fix."""
+
+    def per_thread(pid: str) -> float:
+        return float(processes[pid].assignment.load / (processes[pid].capacity or 1))
+
+    def held(pid: str) -> str:
+        c = processes[pid]
+        return f"{c.assignment.load}/{c.capacity or 1} = {per_thread(pid):.2f} on {labels[pid]}"
+
+    ordered = sorted(processes, key=lambda pid: (per_thread(pid), pid))
+    text = (
+        "load imbalance: tasks held (active, standby, warmup) per thread, most "
+        f"{held(ordered[-1])}, fewest {held(ordered[0])}"
+    )
+    a = [c.assignment for c in processes.values()]
+    every = set().union(*(x.active | x.standby | x.warmup for x in a))
+    if all(x.load == len(every) for x in a):
+        text += (
+            "; every process holds every task (an active or a standby copy), so the thread "
+            "counts alone set it: no assignment with these standbys evens it"
+        )
+    return text
 
 
 #: What a group in PreparingRebalance waits for, said under its member list. A member killed
@@ -88,30 +119,78 @@ _WAITS = (
 )
 
 
-def _print_rebalancing(console: Console, view: Any, last: Any, prefix: str = "") -> None:
+#: Under a one-shot ``describe`` of a rebalancing group: why its members have no process.
+_NO_PROCESSES = (
+    "  processes not known: Kafka returns no subscriptions while a group rebalances; run "
+    "describe again once it is Stable, or use --watch (it names them from the last Stable view)"
+)
+#: The same under a watch's first view (no Stable view before it to name them from).
+_NO_PROCESSES_YET = (
+    "  processes not known: Kafka returns no subscriptions while a group rebalances, and the "
+    "watch started during one: it names them from its next Stable view on"
+)
+
+
+def rebalancing_members(view: Any, last: Any) -> list[dict[str, Any]]:
+    """Each member of ``view`` (a group between assignments) as the last Stable view ``last``
+    knew it: ``last_stable_process`` and the ``last_stable_active`` tasks it ran there (named
+    so: carried over from that view, maybe generations old), or ``joining`` (not in
+    ``last``); all three None when ``last`` is (not known, as in one ``describe``). A member
+    ``last`` could not read has no process there (None), as in its Stable line."""
+    known = {} if last is None else {m.member_id: m for m in last.members}
+    out = []
+    for m in sorted(view.members, key=lambda m: m.member_id):
+        was = known.get(m.member_id)
+        read = was if was is not None and was.assigned else None
+        out.append(
+            {
+                "member_id": m.member_id,
+                "client_id": m.client_id,
+                "client_host": m.client_host,
+                "last_stable_process": None if read is None else read.process,
+                "last_stable_active": None
+                if read is None
+                else [str(t) for t in sorted(read.active)],
+                "joining": None if last is None else was is None,
+            }
+        )
+    return out
+
+
+def members_gone(view: Any, last: Any) -> int | None:
+    """How many members of the last Stable view ``last`` are not in ``view`` (None: no
+    ``last``)."""
+    if last is None:
+        return None
+    return len({m.member_id for m in last.members} - {m.member_id for m in view.members})
+
+
+def _print_rebalancing(
+    console: Console, view: Any, last: Any, prefix: str = "", *, watching: bool = False
+) -> None:
     """A group between assignments (``view``, not readable): its state, then each member,
     with the process and actives it had in ``last`` (the last Stable view ``--watch`` saw;
-    None: not known, as in one ``describe``), a member that view lacks marked as joining; in
-    PreparingRebalance, what the group waits for. ``prefix`` starts the first line (the
-    watch's time)."""
-    members = sorted(view.members, key=lambda m: m.member_id)
+    None: not known, as in one ``describe`` or a watch's first view, which says so), a
+    member that view lacks marked as joining; in PreparingRebalance, what the group waits
+    for. ``prefix`` starts the first line (the watch's time); ``watching``: in a watch."""
+    members = rebalancing_members(view, last)
     console.print(
         f"{prefix}{view.group}: {_state_note(view.state)}, {len(members)} member(s)", markup=False
     )
-    known = {} if last is None else {m.member_id: m for m in last.members}
     processes = {} if last is None else _view_labels(last)
-    labels = _member_labels(m.member_id for m in members)
+    labels = _member_labels(m["member_id"] for m in members)
     for m in members:
-        line = f"  {labels[m.member_id]}  {_client_at_host(m)}"
-        was = known.get(m.member_id)
-        if was is not None:
-            active = ", ".join(map(str, sorted(was.active))) or "none"
-            line += f"  process {processes[was.process]}, ran {active}"
-        elif last is not None:
+        line = f"  {labels[m['member_id']]}  {m['client_id']}@{m['client_host'].lstrip('/')}"
+        if m["last_stable_process"] is not None:
+            active = ", ".join(m["last_stable_active"]) or "none"
+            line += f"  process {processes[m['last_stable_process']]}, ran {active}"
+        elif m["joining"]:
             line += "  joining (not in the last Stable view)"
         console.print(line, markup=False)
+    if last is None and members:
+        console.print(_NO_PROCESSES_YET if watching else _NO_PROCESSES, markup=False)
     if view.state == "PreparingRebalance":
-        gone = len(known.keys() - {m.member_id for m in members})
+        gone = members_gone(view, last)
         left = f" ({counted(gone, 'member')} of the last Stable view gone)" if gone else ""
         console.print(f"  {_WAITS}{left}", markup=False)
 
@@ -162,7 +241,8 @@ def _print_members(console: Console, members: Sequence[Any], labels: Mapping[str
     unbounded = console.options.update_width(sys.maxsize)  # its natural width, not cut
     for layout in ("one line", "host below", "hosts after"):
         table = _members_table(ordered, labels, layout)
-        if layout == "hosts after":  # the last resort, whatever its width
+        if layout == "hosts after":  # the last resort: client ids cut to fit, not folded
+            table = _client_ids_cut_to_fit(console, ordered, labels)
             break
         if layout == "one line":
             width = Measurement.get(console, unbounded, table).maximum
@@ -186,6 +266,76 @@ def _print_members(console: Console, members: Sequence[Any], labels: Mapping[str
             )
 
 
+def _client_ids_cut_to_fit(
+    console: Console, ordered: Sequence[Any], labels: Mapping[str, str]
+) -> Table:
+    """The ``"hosts after"`` Members table with each client id cut to the longest length at
+    which the table fits in the fewest lines (``faust-0.1…``, or ``faust…ker-a`` where only
+    the tails differ), no two different ids cut alike: a folded id (``faust-0.15.`` / ``3``)
+    doubled each row at 60 columns. Each id is printed whole below the table. Ids are left
+    whole where no cut fits, or where a cut saves no line (a row another cell folds is as
+    tall either way, and the cut would only hide part of the id)."""
+    ids = {m.client_id for m in ordered}
+    whole = _members_table(ordered, labels, "hosts after")
+    whole_lines = _rendered_lines(console, whole)
+    if _fits(console, whole_lines, ids):
+        return whole
+
+    def rendered(width: int) -> tuple[Table, list[str], bool] | None:
+        shortened = _cut(ids, width)
+        if shortened is None:  # too short to tell them apart
+            return None
+        table = _members_table(ordered, labels, "hosts after", shortened)
+        lines = _rendered_lines(console, table)
+        return table, lines, _fits(console, lines, shortened.values())
+
+    # The shortest cut leaves the other columns the most room, so the fewest lines; the
+    # longest cut that fits in as few is a binary search away (fitting only grows as ids
+    # shorten), a render each, not a render of every length.
+    longest = max(map(len, ids), default=0) - 1
+    shortest = next((w for w in range(4, longest + 1) if _cut(ids, w) is not None), 0)
+    best = rendered(shortest) if shortest else None
+    if best is None or not best[2]:
+        return whole
+    fewest, low, high = len(best[1]), shortest + 1, longest
+    while low <= high:
+        width = (low + high) // 2
+        tried = rendered(width)
+        if tried is not None and tried[2] and len(tried[1]) == fewest:
+            best, low = tried, width + 1
+        else:
+            high = width - 1
+    cropped = max(map(cell_len, whole_lines), default=0) > console.width
+    return best[0] if cropped or fewest < len(whole_lines) else whole
+
+
+def _rendered_lines(console: Console, table: Table) -> list[str]:
+    """``table`` rendered at the console's width, line by line."""
+    lines = Segment.split_lines(console.render(table, console.options))
+    return ["".join(segment.text for segment in line) for line in lines]
+
+
+def _fits(console: Console, lines: Sequence[str], texts: Iterable[str]) -> bool:
+    """Whether the rendered ``lines`` fit the console and show each of ``texts`` whole on
+    one line (a folded cell splits it over two)."""
+    if max(map(cell_len, lines), default=0) > console.width:
+        return False
+    return all(any(text in line for line in lines) for text in texts)
+
+
+def _cut(ids: Collection[str], width: int) -> dict[str, str] | None:
+    """Each of ``ids`` at most ``width`` characters: a longer one's head, an ellipsis and
+    as short a tail as keeps every id apart (none: the head alone); None when none does."""
+    for tail in range(width - 1):
+        cut = {
+            c: c if len(c) <= width else c[: width - 1 - tail] + "…" + c[len(c) - tail :]
+            for c in ids
+        }
+        if len(set(cut.values())) == len(ids):
+            return cut
+    return None
+
+
 def _rendered_width(console: Console, table: Table) -> int:
     """The widest line of ``table`` rendered at the console's width. Not its measured minimum:
     rich widens a column squeezed below its ``min_width`` back to it after the squeeze, so a
@@ -194,11 +344,17 @@ def _rendered_width(console: Console, table: Table) -> int:
     return max((Segment.get_line_length(line) for line in lines), default=0)
 
 
-def _members_table(ordered: Sequence[Any], labels: Mapping[str, str], layout: str) -> Table:
+def _members_table(
+    ordered: Sequence[Any],
+    labels: Mapping[str, str],
+    layout: str,
+    shortened: Mapping[str, str] | None = None,
+) -> Table:
     """The Members table with client@host as ``layout`` says: on ``"one line"``, the host
     ``"host below"`` the client id (the column as wide as the longest host or client id: both
     whole), or the client id alone (``"hosts after"``: the caller prints the hosts below the
-    table, each with its client id whole)."""
+    table, each with its client id whole; ``shortened``: each client id as that layout shows
+    it, by default whole)."""
     longest = max((max(len(_host(m)) + 1, len(m.client_id)) for m in ordered), default=0)
     table = Table(title="Members")
     # The generation only consumer assignors' user data carries: a column of "-" otherwise,
@@ -219,7 +375,7 @@ def _members_table(ordered: Sequence[Any], labels: Mapping[str, str], layout: st
         client_at_host = {
             "one line": _client_at_host(m),
             "host below": f"{m.client_id}\n@{_host(m)}",
-            "hosts after": m.client_id,
+            "hosts after": (shortened or {}).get(m.client_id, m.client_id),
         }[layout]
         table.add_row(
             labels[m.member_id],

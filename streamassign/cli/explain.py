@@ -8,6 +8,7 @@ from pathlib import Path
 
 import click
 
+from .. import TaskId
 from ..compare import landing_state
 from ..explain import (
     Explanation,
@@ -56,9 +57,10 @@ def explain_command(
         )
     if last:
         now = _read_last(files[0])
-        moves, processes = _last_moves(now, files[0], acceptable_lag)
+        moves, processes, contested = _last_moves(now, files[0], acceptable_lag)
         names = None  # --last refuses consumer groups: no reports
     else:
+        contested = {}
         new = _read_saved(files[1])
         compared = _compared_with(_read_saved(files[0]), new, files[0], files[1])
         old = compared.before
@@ -86,21 +88,30 @@ def explain_command(
             labels=_process_labels(processes),
             uncertain_hand_backs=(now if last else new).protocol != FAUST_PROTOCOL_NAME,
             names=names,
+            contested=contested,
+            zombies_named=(now if last else new).protocol == FAUST_PROTOCOL_NAME,
         )
 
 
-def _last_moves(now: Snapshot, path: Path, acceptable_lag: int) -> tuple[Explanation, list[str]]:
-    """``explain --last``'s moves of ``now`` (read from ``path``), and every process they
-    name; its warnings of claims no assignment can hold said on stderr."""
+def _last_moves(
+    now: Snapshot, path: Path, acceptable_lag: int
+) -> tuple[Explanation, list[str], dict[TaskId, tuple[str, ...]]]:
+    """``explain --last``'s moves of ``now`` (read from ``path``), every process they name,
+    and the tasks whose owner before was picked by the sticky assignor's tie-break among
+    several claimants not taken as likely zombies (with those claimants); its warnings
+    of claims no assignment can hold said on stderr."""
     before = now.before_last_join()
     # Two processes reporting one task running: a zombie beside its task's new owner.
     zombies = likely_zombies(before, now.protocol)
     processes = [*before, *now.views]
-    _warn_conflicts(
-        claim_conflicts(before, zombies=zombies),
-        f"{path} (before its last rebalance)",
-        _process_labels(processes),
-    )
+    conflicts = claim_conflicts(before, zombies=zombies)
+    _warn_conflicts(conflicts, f"{path} (before its last rebalance)", _process_labels(processes))
+    # The tie-break's candidates: a likely zombie's claim is read as state it holds.
+    candidates = {
+        task: tuple(pid for pid in claimants if pid not in zombies)
+        for task, claimants, _ in conflicts.duplicate_actives
+    }
+    contested = {task: pids for task, pids in candidates.items() if len(pids) > 1}
     moves = explain(
         before,
         now.views,
@@ -109,7 +120,7 @@ def _last_moves(now: Snapshot, path: Path, acceptable_lag: int) -> tuple[Explana
         returned=now.handed_back(acceptable_lag),
         zombies=zombies,
     )
-    return moves, processes
+    return moves, processes, contested
 
 
 def _read_last(path: Path) -> Snapshot:

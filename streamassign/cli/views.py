@@ -135,6 +135,8 @@ def _print_moves(
     *,
     uncertain_hand_backs: bool = True,
     names: PartitionNames | None = None,
+    contested: Mapping[TaskId, Sequence[str]] | None = None,
+    zombies_named: bool = True,
 ) -> None:
     """A table of the actives that moved and one of the standbys; one line for either kind
     when none moved (an empty bordered table reads as missing data). Without ``standbys``
@@ -142,7 +144,9 @@ def _print_moves(
     ``labels``: how the tables name processes (``_process_labels``; None: by their ids).
     ``uncertain_hand_backs``: a line says what a snapshot cannot confirm of a hand-back (false
     for the Faust leader, which measures lags as a snapshot does, without end offsets).
-    ``names``: a consumer group's tasks shown by partition."""
+    ``names``: a consumer group's tasks shown by partition. ``contested``: tasks whose owner
+    before is the tie-break's pick among these claimants (``explain --last``), marked;
+    ``zombies_named``: whether likely zombies were left out of them (Faust groups only)."""
     name = _labeller(labels)
     task = str if names is None else names.label
     first = "task" if names is None else "partition"
@@ -151,9 +155,8 @@ def _print_moves(
         for col in (first, "from", "to", "why", "state there"):
             table.add_column(col)
         for m in moves.actives:
-            table.add_row(
-                task(m.task), name(m.source), name(m.destination), m.reason, m.landing or "-"
-            )
+            source = name(m.source) + (f" {_CONTESTED}" if m.task in (contested or {}) else "")
+            table.add_row(task(m.task), source, name(m.destination), m.reason, m.landing or "-")
         console.print(table)
         # The rest had no owner in the group to move from: its owner left, or the task is new.
         console.print(
@@ -164,6 +167,9 @@ def _print_moves(
             console.print(_HANDED_BACK_NOTE)
     else:
         console.print("no active task moved")
+    if contested:
+        legend = _contested_legend(moves, contested, name, zombies_named=zombies_named)
+        console.print(legend, markup=False)
     if not standbys:
         console.print(
             "standbys not shown: at a join a previous standby reports its state like any other "
@@ -173,6 +179,49 @@ def _print_moves(
         _print_standby_moves(console, moves, _standby_rows(moves.standbys, name, task), first)
     else:
         console.print("no standby moved")
+
+
+#: Beside a ``from`` the tie-break picked among several claimants (``_contested_legend``).
+_CONTESTED = "(?)"
+
+
+def _contested_legend(
+    moves: Explanation,
+    contested: Mapping[TaskId, Sequence[str]],
+    name: Callable[[str], str],
+    *,
+    zombies_named: bool,
+) -> str:
+    """The line under the moves table that says what the ``_CONTESTED`` mark means, and which
+    contested tasks show no move (their picked claimant runs them now: maybe a move all the
+    same, from another claimant). ``contested``: each task's claimants not taken as likely
+    zombies; ``zombies_named``: false where none is looked for (not a Faust group), which the
+    line says, or a paused process's claims would read as checked."""
+    moved = {m.task for m in moves.actives}
+    still = [
+        f"{t} ({' or '.join(map(name, pids))})"
+        for t, pids in sorted(contested.items())
+        if t not in moved
+    ]
+    parts = []
+    if len(still) < len(contested):
+        parts.append(
+            f"{_CONTESTED}: reported running by several processes at the join: from is the "
+            "claimant the tie-break keeps among those not taken as likely zombies (smallest "
+            "lag, then process id), a guess"
+        )
+    if still:
+        them = "them" if len(still) > 1 else "it"
+        parts.append(
+            f"contested and not listed (the claimant kept runs {them} now; a move from another "
+            f"may hide): {listed(still)}"
+        )
+    if not zombies_named:
+        parts.append(
+            "zombies are looked for only in Faust groups: a paused process that came back "
+            "reads like this too"
+        )
+    return "; ".join(parts)
 
 
 def _print_standby_moves(
