@@ -162,8 +162,10 @@ def users_files(run_dir: str) -> list[str]:
     ``rebalances/`` beside the partition folders, in ``report/``), by its path under the run;
     a folder the run does not write by its path with a ``/``, once; one that cannot be
     listed likewise (what it holds is not known to be the run's). ``--overwrite`` deletes
-    them with the run. Files added among the rows are ``rows_added``'s."""
-    from ..pipeline.runs import MANIFEST, REBALANCES, LocalFiles, row_files
+    them with the run. Files added among the rows are ``rows_added``'s; the folders of the
+    rows, when one cannot be read, ``rows_unreadable``'s (not looked into: what Spark would
+    read there is not known)."""
+    from ..pipeline.runs import MANIFEST, REBALANCES, LocalFiles, row_files, rows_unreadable
 
     if _is_remote(run_dir) or not os.path.isdir(run_dir):
         return []
@@ -173,8 +175,11 @@ def users_files(run_dir: str) -> list[str]:
             continue
         if not name.startswith(".report."):  # an interrupted render's staging or replaced copy
             found.append(f"{name}/" if os.path.isdir(f"{run_dir}/{name}") else name)
-    rows = {f"{REBALANCES}/{shown}" for shown in row_files(LocalFiles(), run_dir)}
-    for top in (MANIFEST, REBALANCES):
+    readable = rows_unreadable(run_dir) is None
+    rows = {
+        f"{REBALANCES}/{shown}" for shown in (row_files(LocalFiles(), run_dir) if readable else {})
+    }
+    for top in (MANIFEST, REBALANCES) if readable else (MANIFEST,):
         found += [s for s in _entries(run_dir, top) if s not in rows and not written_by_a_run(s)]
     try:
         found += [f"report/{name}" for name in report_extras(Path(run_dir) / "report")]

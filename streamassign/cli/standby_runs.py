@@ -13,8 +13,9 @@ import click
 
 from ..errors import StreamAssignError
 from ..text import exact_number
-from .kept_runs import _other_code, _same_simulation, _simulation_identity
+from .kept_runs import _same_simulation, _simulation_identity
 from .options import _given
+from .provenance import other_code
 from .run_folders import _given_run_dir, report_extras, users_files
 from .simulate import _simulation_job, simulate
 
@@ -126,7 +127,7 @@ def _standby_run_dir(
         manifest = read_manifest(files, where)
         if identity is None or manifest is None or not _same_simulation(manifest, identity):
             continue
-        if _other_code(manifest) is not None:
+        if other_code(manifest) is not None:
             continue  # the "before" of a code change, damaged or not: never printed for deletion
         if rows_added(where, manifest):
             continue  # a file of someone's among its rows: simulate keeps it only once moved

@@ -74,6 +74,7 @@ __all__ = [
     "rows_added",
     "rows_damage",
     "rows_unchecked",
+    "rows_unreadable",
     "run_damage",
     "sources_sha256",
     "staging_path",
@@ -473,7 +474,7 @@ def describe_existing(files: Files, final: str) -> str | None:
         return f"{final} exists and is not a complete run"
     label = manifest.get("run_id") or manifest.get("created") or "an earlier run"
     damage = run_damage(files, final)
-    if damage is not None:
+    if damage is not None and not isinstance(damage, Unreadable):  # not known to be damaged
         return f"{final} holds a damaged run ({label}: {damage})"
     return f"{final} already holds a complete run ({label})"
 
@@ -511,7 +512,11 @@ def _sha256(path: Path) -> str:
 def run_damage(files: Files, run_dir: str) -> str | None:
     """What is wrong with the run in ``run_dir``, as far as its files tell without Spark (a
     few rows deleted show only in ``report``'s count), or None. Said the way ``report`` says
-    it when it refuses the run: ``no rows of task:sticky under rebalances/``."""
+    it when it refuses the run: ``no rows of task:sticky under rebalances/``. A local folder
+    of its rows that cannot be read is said as such, an :class:`Unreadable` (not damage:
+    listing it would see no files, and call them deleted)."""
+    if isinstance(files, LocalFiles) and (unreadable := rows_unreadable(run_dir)) is not None:
+        return unreadable
     try:
         manifest = check_run(files, run_dir)
     except PipelineError as exc:  # "DIR: what is wrong; what to do"
@@ -539,10 +544,13 @@ def rows_damage(run_dir: str, manifest: Mapping[str, Any]) -> str | None:
     :data:`ROW_SHA256`: a file deleted, with its checksum file or not, one of another size,
     bytes changed), else against the checksum file Spark's local writer leaves beside each
     one. A run whose manifest lists none (older code, or written to a remote folder) is
-    checked by its checksum files alone. A file that cannot be read is said as such, as an
-    :class:`Unreadable` (not damage). Files
+    checked by its checksum files alone. A file or folder that cannot be read is said as
+    such, as an :class:`Unreadable` (not damage). Files
     added are :func:`rows_added`'s. ``run_damage`` sees none of these, and a rerun must not
     keep such a run (every byte is read once: README command 1's 1.5 MB in milliseconds)."""
+    unreadable = rows_unreadable(run_dir)
+    if unreadable is not None:
+        return unreadable
     listed, digests = manifest.get(ROW_FILES), manifest.get(ROW_SHA256)
     if not isinstance(listed, dict):
         return checksum_damage(run_dir)
@@ -568,19 +576,49 @@ class Unreadable(str):
     __slots__ = ()
 
 
-def _unreadable(shown: str, exc: OSError) -> Unreadable:
-    """A run's file ``shown`` (its path under ``rebalances/``) that ``exc`` kept from being
-    read (a permission, a disk error), said in a line: its bytes cannot be checked."""
-    return Unreadable(f"{REBALANCES}/{shown} cannot be read ({exc.strerror or exc})")
+def _unreadable(shown: str, exc: OSError, what: str = "") -> Unreadable:
+    """A run's file ``shown`` (its path under ``rebalances/``; ``what``: what it is, if not
+    one of its rows) that ``exc`` kept from being read (a permission, a disk error), said in
+    a line: its bytes cannot be checked."""
+    return Unreadable(f"{what}{REBALANCES}/{shown} cannot be read ({exc.strerror or exc})")
+
+
+def rows_unreadable(run_dir: str) -> Unreadable | None:
+    """The first folder of a local run's rows (``rebalances/`` or a folder in it that Spark
+    reads) that cannot be listed, or whose entries cannot be looked at (a permission), said
+    as an :class:`Unreadable`; None if there is none (or no ``rebalances/``). Listing skips
+    such a folder without a word (``Path.rglob``): its files would read as deleted."""
+    rows = Path(run_dir) / REBALANCES
+    pending = [rows]
+    while pending:
+        folder = pending.pop()
+        try:
+            with os.scandir(folder) as listing:
+                entries = sorted(listing, key=lambda entry: entry.name, reverse=True)
+            for entry in entries:
+                entry.stat(follow_symlinks=False)
+        except (FileNotFoundError, NotADirectoryError):
+            continue  # no rows there: what else tells it says so (missing, deleted)
+        except OSError as exc:
+            shown = folder.relative_to(rows.parent).as_posix()
+            return Unreadable(f"{shown}/ cannot be read ({exc.strerror or exc})")
+        pending += [
+            Path(entry.path)
+            for entry in entries
+            if entry.is_dir(follow_symlinks=False) and not _spark_skips([entry.name])
+        ]
+    return None
 
 
 def rows_added(run_dir: str, manifest: Mapping[str, Any]) -> list[str]:
     """The files under a local run's ``rebalances/`` that the run did not write and Spark would
     read with its rows (not in its manifest's :data:`ROW_FILES`; without a list, a Parquet file
     without the checksum file the others have), by their paths under the run (``rebalances/...``);
-    none if there is none, or nothing to tell by (``rows_unchecked``). :func:`added_text` says
-    them."""
+    none if there is none, or nothing to tell by (``rows_unchecked``), or a folder of its rows
+    cannot be read (``rows_unreadable``). :func:`added_text` says them."""
     rows = Path(run_dir) / REBALANCES
+    if rows_unreadable(run_dir) is not None:
+        return []
     found = row_files(LocalFiles(), run_dir)
     listed = manifest.get(ROW_FILES)
     if isinstance(listed, dict):
@@ -648,7 +686,11 @@ def checksum_damage(run_dir: str) -> str | None:
         if not data.is_file():
             return f"{REBALANCES}/{shown} is missing (its checksum file remains)"
         try:
-            why = _checksum_mismatch(data, sidecar.read_bytes())
+            sums = sidecar.read_bytes()
+        except OSError as exc:  # named, not its Parquet file: that one may read well
+            return _unreadable(sidecar.relative_to(rows).as_posix(), exc, "the checksum file ")
+        try:
+            why = _checksum_mismatch(data, sums)
         except OSError as exc:
             return _unreadable(shown, exc)
         if why is not None:

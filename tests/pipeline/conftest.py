@@ -7,6 +7,7 @@ when pyspark is not installed (the spark extra).
 
 from __future__ import annotations
 
+import os
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
@@ -77,3 +78,17 @@ def deny_reading(monkeypatch: pytest.MonkeyPatch, locked: Path) -> None:
         return opened(path, *args, **kwargs)
 
     monkeypatch.setattr(Path, "open", denied)
+
+
+def deny_listing(monkeypatch: pytest.MonkeyPatch, locked: Path) -> None:
+    """The folder ``locked`` cannot be listed, as one without read permission (tests run as
+    root, who lists any folder): ``Path.rglob`` skips it without a word, ``os.walk`` tells
+    its ``onerror``."""
+    scandir = os.scandir
+
+    def denied(path: Any = ".") -> Any:
+        if Path(path) == locked:
+            raise PermissionError(13, "Permission denied", str(path))
+        return scandir(path)
+
+    monkeypatch.setattr(os, "scandir", denied)

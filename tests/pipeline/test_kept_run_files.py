@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from .conftest import deny_reading
+from .conftest import deny_listing, deny_reading, hadoop_checksums
 from .test_cli import _a_kept_run, _a_run_of, _damage, _list_rows, _printed_next, invoke
 
 OTHER_CODE = {"code_sha256": "abc123" * 10 + "abcd"}
@@ -59,6 +59,89 @@ def test_a_row_file_that_cannot_be_read_is_not_called_damage(
         tmp_path,
         lambda run: deny_reading(monkeypatch, next(run.glob("rebalances/*/part-00000.parquet"))),
     )
+
+
+@pytest.mark.parametrize("locked", ["rebalances", "rebalances/assignor=task%3Asticky"])
+def test_a_rows_folder_that_cannot_be_listed_is_not_called_damage(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, locked: str
+) -> None:
+    """A folder of the rows without read permission listed as empty: simulate called the run
+    damaged ("no rows of task:sticky", "holds no Parquet files") and advised --overwrite,
+    naming the run's own folder as the user's to move out; report called its files missing.
+    Both say it cannot be read and how to keep the run; a run of another simulation is
+    refused as such; plan-standbys passes the run by."""
+    run = tmp_path / "run"
+    command = _a_kept_run(monkeypatch, run)
+    _list_rows(run)
+    deny_listing(monkeypatch, run / locked)
+    unreadable = f"its rows cannot be checked: {locked}/ cannot be read (Permission denied)"
+    assert invoke(*command) == (
+        1,
+        f"Error: {run}: {unreadable}; make it readable (chmod) to keep the run, or pass "
+        "--overwrite to simulate it again\n",
+    )
+    assert invoke("report", str(run)) == (
+        1,
+        f"Error: {run}: {unreadable}; make it readable (chmod) and run streamassign report "
+        "again\n",
+    )
+    code, out = invoke(*command, "--seed", "7")
+    assert (code, out) == (
+        1,
+        f"Error: {run} already holds a complete run (first) of another simulation (other "
+        f"--seed) without a report (streamassign report {run} writes it); pass --overwrite to "
+        "replace it once the new run is complete, or --out for another folder\n",
+    )
+    monkeypatch.undo()
+    _plan_passes_by(monkeypatch, tmp_path, lambda run: deny_listing(monkeypatch, run / locked))
+
+
+def test_a_checksum_file_that_cannot_be_read_is_named_not_its_parquet_file(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """An unreadable checksum file was said as "rebalances/.../part-0.parquet cannot be read":
+    the Parquet file, readable, is not what a chmod must fix."""
+    from streamassign.pipeline.runs import rows_damage
+
+    folder = tmp_path / "rebalances" / "assignor=task%3Asticky"
+    folder.mkdir(parents=True)
+    (folder / "part-0.parquet").write_bytes(b"PAR1")
+    (folder / ".part-0.parquet.crc").write_bytes(hadoop_checksums(b"PAR1"))
+    deny_reading(monkeypatch, folder / ".part-0.parquet.crc")
+    assert rows_damage(str(tmp_path), {}) == (
+        "the checksum file rebalances/assignor=task%3Asticky/.part-0.parquet.crc cannot be read "
+        "(Permission denied)"
+    )
+
+
+def test_a_report_open_in_libreoffice_is_said_so(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """LibreOffice's lock file beside a report's CSV file (the file is open there) was named as
+    a file of the user's to move out. The refusal says which file is open and to close it
+    (the lock file stays, as does the report); beside a note, both are said."""
+    run = tmp_path / "run"
+    command = _a_kept_run(monkeypatch, run)
+    folder = _an_earlier_report(run)
+    lock = folder / ".~lock.summary_by_event.csv#"
+    lock.write_text("LibreOffice lock")
+    assert invoke("report", str(run)) == (
+        1,
+        f"Error: {folder}: summary_by_event.csv is open in LibreOffice (its lock file "
+        ".~lock.summary_by_event.csv# is there): not replacing the folder (a report replaces it "
+        "whole); close summary_by_event.csv in LibreOffice first (if LibreOffice is not "
+        "running, delete its lock file), or give another --out\n",
+    )
+    (folder / "my-analysis.md").write_text("mine")
+    (folder / "report.html").unlink()
+    assert invoke(*command) == (
+        1,
+        f"Error: {folder} holds my-analysis.md, which a report does not write: not replacing "
+        "the folder (a report replaces it whole); close summary_by_event.csv in LibreOffice and "
+        f"move my-analysis.md out of {folder} first to keep it, or write the report elsewhere: "
+        f"streamassign report {run} --out OTHER\n",
+    )
+    assert lock.read_text() == "LibreOffice lock"
 
 
 def test_a_refusal_names_the_files_added_among_the_rows_of_any_run(
@@ -186,7 +269,7 @@ def test_a_report_is_never_written_over_the_users_files_in_its_folder(
     (folder / "my-analysis.md").write_text("mine")
     refused = (
         f"Error: {folder} holds my-analysis.md, which a report does not write: not replacing "
-        f"it (a report replaces the folder whole); move it out of {folder} first to keep it, "
+        f"the folder (a report replaces it whole); move it out of {folder} first to keep it, "
     )
     assert invoke("report", str(run)) == (1, f"{refused}or give another --out\n")
     code, out = invoke(*command)
