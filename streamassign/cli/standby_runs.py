@@ -96,9 +96,9 @@ def _standby_run_dir(
     a damaged one (or one of this code nothing can check: simulate would not keep it) is
     replaced if it is alone, with no file of the user's in it (the command redoes it). Past
     folders holding anything else (a run with a file added among its rows, which
-    ``--overwrite`` would delete; one with a file that cannot be read: not known to be damaged;
-    a run of the same settings by other code: the "before" of a code change,
-    which ``--overwrite`` would delete unsaid; a kept run without its report whose ``report/``
+    ``--overwrite`` would delete; one with a file or folder of its rows that cannot be read: not
+    known to be damaged; a run of the same settings by other code: the "before" of a code
+    change, which ``--overwrite`` would delete unsaid; a kept run without its report whose ``report/``
     holds the user's files, which ``--report`` refuses to replace; a run of another model,
     rate, fleet, topology; what is no run) or the plan's own files (``plan_out``, written
     after this line: the run would be refused there, or its --overwrite would delete them),

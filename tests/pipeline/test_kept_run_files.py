@@ -373,3 +373,23 @@ def test_plan_standbys_passes_by_a_kept_run_whose_report_folder_holds_the_users_
         (folder / "my-analysis.md").write_text("mine")
 
     _plan_passes_by(monkeypatch, tmp_path, note_beside_a_lost_page)
+
+
+def test_report_and_kept_runs_share_which_code_wrote_a_run_without_an_import_cycle() -> None:
+    """report imported kept_runs' private _other_code inside a function, since kept_runs
+    imports report at its top (a cycle worked around). Both take it from cli.provenance, at
+    their top, which imports neither; the rerun remedy follows it."""
+    import ast
+
+    from streamassign.cli import kept_runs, provenance, report
+
+    def imported(module: object) -> set[str]:
+        tree = ast.parse(Path(str(getattr(module, "__file__", ""))).read_text())
+        return {str(node.module) for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+
+    assert "kept_runs" not in imported(report) and "report" not in imported(provenance)
+    assert report.other_code is kept_runs.other_code is provenance.other_code
+    manifest = {"code_sha256": "abc123" * 10 + "abcd", "assignors": ["task:sticky"]}
+    assert report._rerun_remedy("/runs/x", manifest).startswith(
+        "simulate it again with the code that wrote it (other code)"
+    )
