@@ -91,18 +91,18 @@ def _standby_run_dir(
     name: str, standbys: int, identity: Mapping[str, Any] | None, plan_out: Path | None = None
 ) -> tuple[str, bool, dict[str, Any] | None]:
     """``streamassign-runs/NAME-standbysR``, whether ``--overwrite`` is needed there and the
-    manifest of the run simulate keeps there. A run of the same simulation (``identity``) by
-    this code, undamaged, is kept (no ``--overwrite``: simulate writes its report if missing);
-    a damaged one (or one of this code nothing can check: simulate would not keep it) is
-    replaced if it is alone, with no file of the user's in it (the command redoes it). Past
-    folders holding anything else (a run with a file added among its rows, which
-    ``--overwrite`` would delete; one with a file or folder of its rows that cannot be read: not
-    known to be damaged; a run of the same settings by other code: the "before" of a code
-    change, which ``--overwrite`` would delete unsaid; a kept run without its report whose ``report/``
-    holds the user's files, which ``--report`` refuses to replace; a run of another model,
-    rate, fleet, topology; what is no run) or the plan's own files (``plan_out``, written
-    after this line: the run would be refused there, or its --overwrite would delete them),
-    the first of ``-2``, ``-3``, ... that is free or holds the same simulation."""
+    manifest of the run simulate keeps there. A run of the same simulation (``identity``) by this
+    code, undamaged, is kept (no ``--overwrite``: simulate writes its report if missing); a damaged
+    one (or one of this code nothing can check: simulate would not keep it) is replaced if it is
+    alone, with no file of the user's in it (the command redoes it). Past folders holding anything
+    else (a run with a file added among its rows, which ``--overwrite`` would delete; one with a
+    file or folder of its rows that cannot be read: not known to be damaged; a run of the same
+    settings by other code: the "before" of a code change, which ``--overwrite`` would delete
+    unsaid; a kept run without its report whose ``report/`` holds the user's files, which
+    ``--report`` refuses to replace; a run of another model, rate, fleet, topology; what is no run)
+    or the plan's own files (``plan_out``, written after this line: the run would be refused there,
+    or its --overwrite would delete them), the first of ``-2``, ``-3``, ... that is free or holds
+    the same simulation."""
     import itertools
 
     from ..pipeline.runs import (

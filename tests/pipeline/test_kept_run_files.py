@@ -82,8 +82,7 @@ def test_a_rows_folder_that_cannot_be_listed_is_not_called_damage(
     )
     assert invoke("report", str(run)) == (
         1,
-        f"Error: {run}: {unreadable}; make it readable (chmod) and run streamassign report "
-        "again\n",
+        f"Error: {run}: {unreadable}; make it readable (chmod) and run streamassign report again\n",
     )
     code, out = invoke(*command, "--seed", "7")
     assert (code, out) == (
