@@ -89,8 +89,8 @@ def _refuse_damaged(run_dir: str, manifest: Mapping[str, Any]) -> None:
     damage = rows_damage(run_dir, manifest)
     remedy, refused = "pass --overwrite to simulate it again", "it cannot be kept: "
     if isinstance(damage, Unreadable):
-        why: str | None = f"its rows cannot be checked: {damage}"
-        remedy, refused = f"make it readable (chmod) to keep the run, or {remedy}", ""
+        why: str | None = damage.why
+        remedy, refused = f"{damage.fix} to keep the run, or {remedy}", ""
     elif damage is not None:
         why = f"damaged run: {damage}"
     else:

@@ -7,7 +7,7 @@ import os
 import stat
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import click
 
@@ -33,6 +33,9 @@ from .run_folders import (
     report_extras,
     users_files,
 )
+
+if TYPE_CHECKING:
+    from ..pipeline.runs import Unreadable
 
 
 def _report_command(run_dir: str) -> str:
@@ -249,14 +252,13 @@ def _refuse_changed_rows(run_dir: str, manifest: dict[str, Any]) -> None:
         raise click.ClickException(refusal)
 
 
-def _refuse_unreadable_rows(run_dir: str, unreadable: str | None) -> None:
+def _refuse_unreadable_rows(run_dir: str, unreadable: Unreadable | None) -> None:
     """Refuse a local run whose rows cannot be read (``unreadable``: ``rows_unreadable``'s or
-    ``rows_damage``'s line) as what it is: not known to be damaged, a chmod away from its
+    ``rows_damage``'s) as what it is: not known to be damaged, usually a chmod away from its
     report (Spark would fail on it, or skip a folder it cannot list)."""
     if unreadable is not None:
         raise click.ClickException(
-            f"{run_dir}: its rows cannot be checked: {unreadable}; make it readable (chmod) "
-            "and run streamassign report again"
+            f"{run_dir}: {unreadable.why}; {unreadable.fix} and run streamassign report again"
         )
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import errno
 import functools
 import hashlib
 import json
@@ -68,6 +69,7 @@ __all__ = [
     "new_run_id",
     "publish",
     "read_manifest",
+    "readable_row_files",
     "replaceable",
     "row_digests",
     "row_files",
@@ -79,6 +81,7 @@ __all__ = [
     "sources_sha256",
     "staging_path",
     "this_code",
+    "unreadable_folders",
     "why_other_code",
     "write_manifest",
 ]
@@ -474,7 +477,9 @@ def describe_existing(files: Files, final: str) -> str | None:
         return f"{final} exists and is not a complete run"
     label = manifest.get("run_id") or manifest.get("created") or "an earlier run"
     damage = run_damage(files, final)
-    if damage is not None and not isinstance(damage, Unreadable):  # not known to be damaged
+    if isinstance(damage, Unreadable):  # not known to be damaged, nor complete
+        return f"{final} already holds a run ({label}; {damage.brief})"
+    if damage is not None:
         return f"{final} holds a damaged run ({label}: {damage})"
     return f"{final} already holds a complete run ({label})"
 
@@ -569,18 +574,58 @@ def rows_damage(run_dir: str, manifest: Mapping[str, Any]) -> str | None:
 
 
 class Unreadable(str):
-    """What :func:`rows_damage` says of a file it could not read (a permission, a disk error):
-    nothing is known of its bytes, so the run is not known to be damaged (the way out is
-    usually ``chmod``, not simulating it again)."""
+    """What :func:`rows_damage` or :func:`rows_unreadable` says of a file or folder of a run's
+    rows it could not read (a permission, a disk error): nothing is known of its bytes, so the
+    run is not known to be damaged (the way out is usually ``chmod``, not simulating it
+    again). The string names it and why (``rebalances/x/ cannot be read (Permission
+    denied)``); ``why`` is how a refusal says it, ``fix`` what makes it readable."""
 
-    __slots__ = ()
+    #: ``its rows cannot be checked: ...``; for a folder the run did not write, what it is.
+    why: str
+    #: ``its rows cannot be checked``, or ``rebalances/x/ cannot be read``: said of the run.
+    brief: str
+    #: ``make it readable (chmod)``, ``(chmod, by its owner)`` when another user owns it; without
+    #: chmod when no permission is missing (a disk error, a loop of symbolic links).
+    fix: str
 
 
 def _unreadable(shown: str, exc: OSError, what: str = "") -> Unreadable:
     """A run's file ``shown`` (its path under ``rebalances/``; ``what``: what it is, if not
     one of its rows) that ``exc`` kept from being read (a permission, a disk error), said in
     a line: its bytes cannot be checked."""
-    return Unreadable(f"{what}{REBALANCES}/{shown} cannot be read ({exc.strerror or exc})")
+    return _cannot_read(f"{what}{REBALANCES}/{shown}", exc, exc.filename, rows=True)
+
+
+def _cannot_read(shown: str, exc: OSError, path: object, rows: bool) -> Unreadable:
+    """An :class:`Unreadable` for ``shown`` (at ``path``) that ``exc`` kept from being read;
+    ``rows``: it is the run's (its rows, or a folder of them), else a folder of someone's
+    among them."""
+    said = Unreadable(f"{shown} cannot be read ({exc.strerror or exc})")
+    if rows:
+        said.why, said.brief = f"its rows cannot be checked: {said}", "its rows cannot be checked"
+    else:
+        said.why = f"{said}, a folder the run did not write (Spark would read its files as rows)"
+        said.brief = f"{shown} cannot be read"
+    said.fix = _fix_for(exc, path)
+    return said
+
+
+def _fix_for(exc: OSError, path: object) -> str:
+    """What makes ``path`` readable again after ``exc``: chmod for a permission (by its owner,
+    if that is another user); fixing the links for a loop of them; else only that it must be."""
+    if exc.errno == errno.ELOOP:
+        return "fix the loop of symbolic links"
+    if exc.errno not in (errno.EACCES, errno.EPERM):
+        return "make it readable"
+    try:
+        owner = os.stat(str(path), follow_symlinks=False).st_uid
+    except (OSError, TypeError, ValueError):
+        return "make it readable (chmod)"
+    return (
+        "make it readable (chmod)"
+        if owner == os.geteuid()
+        else "make it readable (chmod, by its owner)"
+    )
 
 
 def rows_unreadable(run_dir: str) -> Unreadable | None:
@@ -588,7 +633,31 @@ def rows_unreadable(run_dir: str) -> Unreadable | None:
     reads) that cannot be listed, or whose entries cannot be looked at (a permission), said
     as an :class:`Unreadable`; None if there is none (or no ``rebalances/``). Listing skips
     such a folder without a word (``Path.rglob``): its files would read as deleted."""
+    unreadable = _read_rows(run_dir)[1]
+    return unreadable[0] if unreadable else None
+
+
+def readable_row_files(run_dir: str) -> dict[str, int]:
+    """:func:`row_files` of a local run, in the folders of its rows that can be read (the
+    others' files are not known: ``unreadable_folders``)."""
+    return _read_rows(run_dir)[0]
+
+
+def unreadable_folders(run_dir: str) -> list[str]:
+    """Every folder of a local run's rows that cannot be read (``rows_unreadable``), by its
+    path under the run with a ``/``: what it holds is not known."""
+    return _read_rows(run_dir)[2]
+
+
+def _read_rows(run_dir: str) -> tuple[dict[str, int], list[Unreadable], list[str]]:
+    """What can be read of a local run's rows: the files Spark reads as rows (``row_files``)
+    in the folders that can be read; each folder that cannot be (listed, or its entries looked
+    at), as an :class:`Unreadable` and by its path under the run (with a ``/``).
+    Folders Spark skips (hidden) are not looked into."""
     rows = Path(run_dir) / REBALANCES
+    found: dict[str, int] = {}
+    unreadable: list[Unreadable] = []
+    folders: list[str] = []
     pending = [rows]
     while pending:
         folder = pending.pop()
@@ -596,30 +665,40 @@ def rows_unreadable(run_dir: str) -> Unreadable | None:
             with os.scandir(folder) as listing:
                 entries = sorted(listing, key=lambda entry: entry.name, reverse=True)
             for entry in entries:
-                entry.stat(follow_symlinks=False)
+                entry.stat(follow_symlinks=False)  # raises in a folder listed, not searched
+            sizes = {entry.path: entry.stat().st_size for entry in entries if entry.is_file()}
         except (FileNotFoundError, NotADirectoryError):
             continue  # no rows there: what else tells it says so (missing, deleted)
         except OSError as exc:
             shown = folder.relative_to(rows.parent).as_posix()
-            return Unreadable(f"{shown}/ cannot be read ({exc.strerror or exc})")
+            ours = shown == REBALANCES or (shown.count("/") == 1 and "=" in folder.name)
+            unreadable.append(_cannot_read(f"{shown}/", exc, folder, rows=ours))
+            folders.append(f"{shown}/")
+            continue
+        for path, size in sizes.items():
+            relative = Path(path).relative_to(rows)
+            if len(relative.parts) > 1 and not _spark_skips(relative.parts):
+                found[relative.as_posix()] = size
         pending += [
             Path(entry.path)
             for entry in entries
             if entry.is_dir(follow_symlinks=False) and not _spark_skips([entry.name])
         ]
-    return None
+    return dict(sorted(found.items())), unreadable, folders
 
 
 def rows_added(run_dir: str, manifest: Mapping[str, Any]) -> list[str]:
     """The files under a local run's ``rebalances/`` that the run did not write and Spark would
     read with its rows (not in its manifest's :data:`ROW_FILES`; without a list, a Parquet file
     without the checksum file the others have), by their paths under the run (``rebalances/...``);
-    none if there is none, or nothing to tell by (``rows_unchecked``), or a folder of its rows
-    cannot be read (``rows_unreadable``). :func:`added_text` says them."""
+    none if there is none, or nothing to tell by (``rows_unchecked``). Only folders that can be
+    read are looked into (``rows_unreadable``: what one that cannot holds is not known, and its
+    files only go missing from what is found, never show as added). :func:`added_text` says
+    them."""
     rows = Path(run_dir) / REBALANCES
-    if rows_unreadable(run_dir) is not None:
-        return []
-    found = row_files(LocalFiles(), run_dir)
+    found, unreadable, _ = _read_rows(run_dir)
+    if not unreadable:
+        found = row_files(LocalFiles(), run_dir)  # as the manifest recorded them
     listed = manifest.get(ROW_FILES)
     if isinstance(listed, dict):
         added = sorted(set(found) - set(listed))

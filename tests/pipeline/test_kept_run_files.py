@@ -4,13 +4,15 @@ advise deleting a run of other code that this code cannot write again."""
 
 from __future__ import annotations
 
+import errno
+import os
 import shutil
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from .conftest import deny_listing, deny_reading, hadoop_checksums
+from .conftest import deny_listing, deny_reading, deny_searching, hadoop_checksums
 from .test_cli import _a_kept_run, _a_run_of, _damage, _list_rows, _printed_next, invoke
 
 OTHER_CODE = {"code_sha256": "abc123" * 10 + "abcd"}
@@ -61,24 +63,30 @@ def test_a_row_file_that_cannot_be_read_is_not_called_damage(
     )
 
 
-@pytest.mark.parametrize("locked", ["rebalances", "rebalances/assignor=task%3Asticky"])
-def test_a_rows_folder_that_cannot_be_listed_is_not_called_damage(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, locked: str
+PARTITION = "rebalances/assignor=task%3Asticky"
+
+
+@pytest.mark.parametrize("deny", [deny_listing, deny_searching])
+@pytest.mark.parametrize("locked", ["rebalances", PARTITION])
+def test_a_rows_folder_that_cannot_be_read_is_not_called_damage(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, locked: str, deny: Any
 ) -> None:
     """A folder of the rows without read permission listed as empty: simulate called the run
-    damaged ("no rows of task:sticky", "holds no Parquet files") and advised --overwrite,
-    naming the run's own folder as the user's to move out; report called its files missing.
-    Both say it cannot be read and how to keep the run; a run of another simulation is
-    refused as such; plan-standbys passes the run by."""
+    damaged ("no rows of task:sticky", "holds no Parquet files") and advised --overwrite;
+    report called its files missing. One listed but not searched (mode 644) raised a
+    traceback. Both say it cannot be read and how to keep the run, and --overwrite's tail
+    names the folder as one whose content is not known; a run of another simulation is
+    refused as such (not called complete); plan-standbys passes the run by."""
     run = tmp_path / "run"
     command = _a_kept_run(monkeypatch, run)
     _list_rows(run)
-    deny_listing(monkeypatch, run / locked)
+    deny(monkeypatch, run / locked)
     unreadable = f"its rows cannot be checked: {locked}/ cannot be read (Permission denied)"
+    tail = f"(deleting {locked}/ (cannot be read) with the run: move it out of the run's folder "
     assert invoke(*command) == (
         1,
         f"Error: {run}: {unreadable}; make it readable (chmod) to keep the run, or pass "
-        "--overwrite to simulate it again\n",
+        f"--overwrite to simulate it again {tail}first to keep it)\n",
     )
     assert invoke("report", str(run)) == (
         1,
@@ -87,12 +95,94 @@ def test_a_rows_folder_that_cannot_be_listed_is_not_called_damage(
     code, out = invoke(*command, "--seed", "7")
     assert (code, out) == (
         1,
-        f"Error: {run} already holds a complete run (first) of another simulation (other "
-        f"--seed) without a report (streamassign report {run} writes it); pass --overwrite to "
-        "replace it once the new run is complete, or --out for another folder\n",
+        f"Error: {run} already holds a run (first; its rows cannot be checked) of another "
+        f"simulation (other --seed) without a report (streamassign report {run} writes it); "
+        f"pass --overwrite to replace it once the new run is complete {tail}first to keep it), "
+        "or --out for another folder\n",
     )
     monkeypatch.undo()
-    _plan_passes_by(monkeypatch, tmp_path, lambda run: deny_listing(monkeypatch, run / locked))
+    _plan_passes_by(monkeypatch, tmp_path, lambda run: deny(monkeypatch, run / locked))
+
+
+def test_the_users_files_beside_a_rows_folder_that_cannot_be_read_are_named(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """With a partition folder unreadable, --overwrite's tail named nothing in rebalances/,
+    though --overwrite deletes the user's notes there: they are named, and so is the folder
+    (what it holds is not known), for this simulation and for another."""
+    run = tmp_path / "run"
+    command = _a_kept_run(monkeypatch, run)
+    _list_rows(run)
+    (run / "rebalances" / "NOTES.md").write_text("mine")
+    deny_listing(monkeypatch, run / PARTITION)
+    deleting = (
+        f"(deleting rebalances/NOTES.md, {PARTITION}/ (cannot be read) with the run: move "
+        "them out of the run's folder first to keep them)"
+    )
+    code, out = invoke(*command)
+    assert (code, out.endswith(f"simulate it again {deleting}\n")) == (1, True), out
+    code, out = invoke(*command, "--seed", "7")
+    assert (code, f"complete {deleting}, or --out" in out) == (1, True), out
+
+
+def test_a_file_added_beside_a_rows_folder_that_cannot_be_read_is_named(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A file added among the rows of a partition that can be read, beside one that cannot,
+    went unnamed (nothing was looked at): it is named as added, which --overwrite deletes."""
+    run = tmp_path / "run"
+    command = _a_kept_run(monkeypatch, run)
+    _list_rows(run)
+    extra = "rebalances/assignor=consumer%3Arange/extra.parquet"
+    (run / extra).write_bytes(b"PAR1")
+    deny_listing(monkeypatch, run / PARTITION)
+    assert invoke(*command) == (
+        1,
+        f"Error: {run}: its rows cannot be checked: {PARTITION}/ cannot be read (Permission "
+        f"denied), and {extra} is not a file the run wrote (added from elsewhere?); make it "
+        "readable (chmod) to keep the run, or pass --overwrite to simulate it again (deleting "
+        f"that file and {PARTITION}/ (cannot be read) with the run: move them out of the run's "
+        "folder first to keep them)\n",
+    )
+    code, out = invoke(*command, "--seed", "7")
+    assert (code, f"and {extra} is not a file the run wrote" in out) == (1, True), out
+
+
+def test_a_folder_of_the_users_in_the_rows_that_cannot_be_read_is_said_so(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A folder of the user's in rebalances/ that cannot be read was said as the run's rows
+    that cannot be checked: it is said as what it is (Spark would read its files)."""
+    run = tmp_path / "run"
+    command = _a_kept_run(monkeypatch, run)
+    _list_rows(run)
+    (run / "rebalances" / "old").mkdir()
+    deny_listing(monkeypatch, run / "rebalances" / "old")
+    assert invoke(*command) == (
+        1,
+        f"Error: {run}: rebalances/old/ cannot be read (Permission denied), a folder the run "
+        "did not write (Spark would read its files as rows); make it readable (chmod) to keep "
+        "the run, or pass --overwrite to simulate it again (deleting rebalances/old/ (cannot be "
+        "read) with the run: move it out of the run's folder first to keep it)\n",
+    )
+
+
+def test_what_makes_a_rows_folder_readable_is_said_by_its_error(tmp_path: Path) -> None:
+    """Every error reading a folder of the rows got "make it readable (chmod)": chmod fixes a
+    permission only, and one a folder of another user's only by its owner."""
+    from streamassign.pipeline import runs
+
+    def fix(number: int, owner: int) -> str:
+        folder = tmp_path / f"f{number}-{owner}"
+        folder.mkdir()
+        os.chown(folder, owner, -1)
+        return runs._fix_for(OSError(number, os.strerror(number)), folder)
+
+    me = os.geteuid()
+    assert fix(errno.EACCES, me) == fix(errno.EPERM, me) == "make it readable (chmod)"
+    assert fix(errno.EACCES, me + 1) == "make it readable (chmod, by its owner)"
+    assert fix(errno.ELOOP, me) == "fix the loop of symbolic links"
+    assert fix(errno.EIO, me) == fix(errno.ESTALE, me) == "make it readable"
 
 
 def test_a_checksum_file_that_cannot_be_read_is_named_not_its_parquet_file(
