@@ -666,7 +666,6 @@ def _read_rows(run_dir: str) -> tuple[dict[str, int], list[Unreadable], list[str
                 entries = sorted(listing, key=lambda entry: entry.name, reverse=True)
             for entry in entries:
                 entry.stat(follow_symlinks=False)  # raises in a folder listed, not searched
-            sizes = {entry.path: entry.stat().st_size for entry in entries if entry.is_file()}
         except (FileNotFoundError, NotADirectoryError):
             continue  # no rows there: what else tells it says so (missing, deleted)
         except OSError as exc:
@@ -675,10 +674,12 @@ def _read_rows(run_dir: str) -> tuple[dict[str, int], list[Unreadable], list[str
             unreadable.append(_cannot_read(f"{shown}/", exc, folder, rows=ours))
             folders.append(f"{shown}/")
             continue
-        for path, size in sizes.items():
-            relative = Path(path).relative_to(rows)
+        for entry in entries:
+            relative = Path(entry.path).relative_to(rows)
             if len(relative.parts) > 1 and not _spark_skips(relative.parts):
-                found[relative.as_posix()] = size
+                with contextlib.suppress(OSError):  # a link to what cannot be read: not known
+                    if entry.is_file():
+                        found[relative.as_posix()] = entry.stat().st_size
         pending += [
             Path(entry.path)
             for entry in entries
