@@ -617,8 +617,8 @@ def _fix_for(exc: OSError, path: object) -> str:
         return "fix the loop of symbolic links"
     if exc.errno not in (errno.EACCES, errno.EPERM):
         return "make it readable"
-    try:
-        owner = os.stat(str(path), follow_symlinks=False).st_uid
+    try:  # the folder chmod would change: a link's target, else the link itself
+        owner = _owner(str(path))
     except (OSError, TypeError, ValueError):
         return "make it readable (chmod)"
     return (
@@ -626,6 +626,13 @@ def _fix_for(exc: OSError, path: object) -> str:
         if owner == os.geteuid()
         else "make it readable (chmod, by its owner)"
     )
+
+
+def _owner(path: str) -> int:
+    try:
+        return os.stat(path).st_uid
+    except OSError:
+        return os.stat(path, follow_symlinks=False).st_uid
 
 
 def rows_unreadable(run_dir: str) -> Unreadable | None:
@@ -658,9 +665,9 @@ def _read_rows(run_dir: str) -> tuple[dict[str, int], list[Unreadable], list[str
     found: dict[str, int] = {}
     unreadable: list[Unreadable] = []
     folders: list[str] = []
-    pending = [rows]
+    pending = [(rows, "")]  # each folder with its path under rows/ ("" for rows/ itself)
     while pending:
-        folder = pending.pop()
+        folder, under = pending.pop()
         try:
             with os.scandir(folder) as listing:
                 entries = sorted(listing, key=lambda entry: entry.name, reverse=True)
@@ -674,14 +681,15 @@ def _read_rows(run_dir: str) -> tuple[dict[str, int], list[Unreadable], list[str
             unreadable.append(_cannot_read(f"{shown}/", exc, folder, rows=ours))
             folders.append(f"{shown}/")
             continue
+        # Names only: a run holds thousands of row files, and hidden folders are never
+        # walked into, so an entry's own name is all Spark's skip rule needs.
         for entry in entries:
-            relative = Path(entry.path).relative_to(rows)
-            if len(relative.parts) > 1 and not _spark_skips(relative.parts):
+            if under and not _spark_skips([entry.name]):  # rows are files in folders
                 with contextlib.suppress(OSError):  # a link to what cannot be read: not known
                     if entry.is_file():
-                        found[relative.as_posix()] = entry.stat().st_size
+                        found[f"{under}{entry.name}"] = entry.stat().st_size
         pending += [
-            Path(entry.path)
+            (Path(entry.path), f"{under}{entry.name}/")
             for entry in entries
             if entry.is_dir(follow_symlinks=False) and not _spark_skips([entry.name])
         ]
