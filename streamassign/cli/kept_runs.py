@@ -11,9 +11,9 @@ from typing import Any, Final
 import attrs
 import click
 
-from ..errors import installed_version
 from .failures import _one_line_failures
 from .jobs import _preflight, _session
+from .provenance import other_code
 from .report import (
     _NO_REPORT,
     _changed_rows_refusal,
@@ -36,6 +36,7 @@ def _refuse_existing(
     from ..pipeline.runs import (
         MANIFEST,
         MANIFEST_FILE,
+        Unreadable,
         added_text,
         describe_existing,
         read_manifest,
@@ -58,7 +59,8 @@ def _refuse_existing(
     # damage) a reason to keep it.
     why, note = "", ""
     manifest = read_manifest(files, run_dir) or {}
-    if run_damage(files, run_dir) is None:
+    damage = run_damage(files, run_dir)
+    if damage is None or isinstance(damage, Unreadable):  # kept once made readable, maybe
         differs = _why_not_kept(manifest, identity)
         if differs is None and not _is_remote(run_dir):
             _refuse_damaged(run_dir, manifest)
@@ -87,8 +89,8 @@ def _refuse_damaged(run_dir: str, manifest: Mapping[str, Any]) -> None:
     damage = rows_damage(run_dir, manifest)
     remedy, refused = "pass --overwrite to simulate it again", "it cannot be kept: "
     if isinstance(damage, Unreadable):
-        why: str | None = f"its rows cannot be checked: {damage}"
-        remedy, refused = f"make it readable (chmod) to keep the run, or {remedy}", ""
+        why: str | None = damage.why
+        remedy, refused = f"{damage.fix} to keep the run, or {remedy}", ""
     elif damage is not None:
         why = f"damaged run: {damage}"
     else:
@@ -126,7 +128,7 @@ def _why_not_kept(manifest: Mapping[str, Any], identity: Mapping[str, Any]) -> s
     differing = [
         _SETTING_NAMES[k] for k in settings if k in manifest and manifest[k] != identity[k]
     ]
-    code = _other_code(manifest)
+    code = other_code(manifest)
     reasons = [f"of another simulation (other {', '.join(differing)})"] if differing else []
     if code is not None:
         reasons.append(code)  # it says why settings are missing: older code did not record them
@@ -134,49 +136,6 @@ def _why_not_kept(manifest: Mapping[str, Any], identity: Mapping[str, Any]) -> s
         unrecorded = ", ".join(_SETTING_NAMES[key] for key in settings if key not in manifest)
         reasons.append(f"that does not record its {unrecorded}")
     return ", ".join(reasons) or None
-
-
-def _other_code(manifest: Mapping[str, Any]) -> str | None:
-    """How the code that wrote the run of ``manifest`` is not this code, or None if it is:
-    its rows may differ, settings alike. Compared: the package's ``code_fingerprint`` (never
-    equal when this code has none), its version and the versions of the libraries whose
-    code writes the run's rows (``_libraries``: pyspark, the peers' assignors). A run written
-    before manifests recorded these counts as other code; only what differs is named."""
-    from ..pipeline.runs import CODE_FINGERPRINT, this_code
-
-    code = this_code()
-    if code.fingerprint is None:
-        return (
-            f"not known to be by this code (the streamassign package at {code.where} cannot "
-            "be read to fingerprint it)"
-        )
-    recorded = manifest.get(CODE_FINGERPRINT)
-    if not isinstance(recorded, str):  # older code, or code that could not read its files
-        return "written by other code (no fingerprint recorded)"
-    differences = []
-    if recorded != code.fingerprint:
-        differences.append(f"fingerprint {recorded[:12]}…, this code's {code.fingerprint[:12]}…")
-    release, ours = manifest.get("streamassign"), _dist_version("streamassign")
-    if release != ours:
-        differences.append(f"streamassign {release or 'unrecorded'}, this is {ours}")
-    libraries = manifest.get("libraries")
-    recorded_libraries = libraries if isinstance(libraries, dict) else {}
-    for name, installed in _libraries(manifest.get("assignors")).items():
-        if recorded_libraries.get(name) != installed:
-            differences.append(
-                f"{name} {recorded_libraries.get(name, 'unrecorded')}, installed {installed}"
-            )
-    return f"written by other code ({'; '.join(differences)})" if differences else None
-
-
-def _libraries(assignors: object) -> dict[str, str]:
-    """The installed versions of the libraries, besides streamassign, whose code writes the
-    rows of a run of ``assignors``: pyspark, and the peers whose assignors it compares
-    (faust-streaming, aiokafka). Recorded in the manifest as ``libraries``."""
-    from ..pipeline.assignors import peer_distributions
-
-    names = assignors if isinstance(assignors, list | tuple) else []
-    return {dist: _dist_version(dist) for dist in ("pyspark", *peer_distributions(names))}
 
 
 def _keep_run(
@@ -274,10 +233,6 @@ def _local_run_to_keep(
     return _refuse_existing(
         LocalFiles(), run_dir, overwrite, _simulation_identity(topology_file, job)
     )
-
-
-def _dist_version(dist: str) -> str:
-    return installed_version(dist) or "not installed"
 
 
 def _simulation_identity(topology_file: Path, job: Any) -> dict[str, Any]:

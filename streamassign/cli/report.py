@@ -7,7 +7,7 @@ import os
 import stat
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import click
 
@@ -19,6 +19,7 @@ from .failures import _one_line_failures
 from .group import main
 from .jobs import _preflight, _session
 from .options import _REPORT_SPARK_TASKS, _master_option, _out_dir_option, _spark_tasks_option
+from .provenance import other_code
 from .run_folders import (
     REPORT_ID,
     _check_out_folder,
@@ -32,6 +33,9 @@ from .run_folders import (
     report_extras,
     users_files,
 )
+
+if TYPE_CHECKING:
+    from ..pipeline.runs import Unreadable
 
 
 def _report_command(run_dir: str) -> str:
@@ -127,13 +131,34 @@ def _refuse_report_extras(folder: Path, elsewhere: str) -> None:
     report does not write (``report_extras``: the user's notes), naming them: the new report
     replaces the folder whole. ``elsewhere``: the remedy that writes the report elsewhere."""
     extras = report_extras(folder)
-    if extras:
-        them = "it" if len(extras) == 1 else "them"
+    opened = {name: office_file for name in extras if (office_file := _office_lock_of(name))}
+    others = [name for name in extras if name not in opened]
+    if others:
+        them = "it" if len(others) == 1 else "them"
+        moved = listed(others) if opened else them  # "it" would read as the open file
+        close = f"close {listed(list(opened.values()))} in LibreOffice and " if opened else ""
         raise click.ClickException(
-            f"{folder} holds {listed(extras)}, which a report does not write: not replacing "
-            f"it (a report replaces the folder whole); move {them} out of {folder} first to "
-            f"keep {them}, {elsewhere}"
+            f"{folder} holds {listed(others)}, which a report does not write: not replacing "
+            f"the folder (a report replaces it whole); {close}move {moved} out of {folder} "
+            f"first to keep {them}, {elsewhere}"
         )
+    if opened:
+        files, locks = listed(list(opened.values())), listed(list(opened))
+        is_, its = ("is", "its lock file") if len(opened) == 1 else ("are", "their lock files")
+        raise click.ClickException(
+            f"{folder}: {files} {is_} open in LibreOffice ({its} {locks} {is_} there): not "
+            f"replacing the folder (a report replaces it whole); close {files} in LibreOffice "
+            f"first (if LibreOffice is not running, delete {its}), {elsewhere}"
+        )
+
+
+def _office_lock_of(name: str) -> str | None:
+    """The file whose LibreOffice lock file ``name`` is (``.~lock.NAME#``, there while NAME is
+    open in LibreOffice, or after it crashed), or None: such a file blocks a report as the
+    user's files do, but the remedy is closing NAME, not moving the lock away."""
+    if name.startswith(".~lock.") and name.endswith("#") and len(name) > len(".~lock.#"):
+        return name.removeprefix(".~lock.").removesuffix("#")
+    return None
 
 
 def _changed_rows_refusal(
@@ -176,9 +201,8 @@ def _rerun_remedy(run_dir: str, manifest: Mapping[str, Any] | None) -> str:
     own run is simulated again with ``--overwrite``; other code's is not (this code cannot
     write its run or report again, which ``--overwrite`` would delete for good)."""
     from ..pipeline.runs import SIMULATE_AGAIN
-    from .kept_runs import _other_code
 
-    if manifest is None or _other_code(manifest) is None:
+    if manifest is None or other_code(manifest) is None:
         return SIMULATE_AGAIN
     reported = not _is_remote(run_dir) and (Path(run_dir) / "report" / "report.html").is_file()
     return (
@@ -215,10 +239,7 @@ def _refuse_changed_rows(run_dir: str, manifest: dict[str, Any]) -> None:
     added = rows_added(run_dir, manifest)
     damage = rows_damage(run_dir, manifest)
     if isinstance(damage, Unreadable):
-        raise click.ClickException(
-            f"{run_dir}: its rows cannot be checked: {damage}; make it readable (chmod) and "
-            "run streamassign report again"
-        )
+        _refuse_unreadable_rows(run_dir, damage)
     remedy = _rerun_remedy(run_dir, manifest)
     refusal = _changed_rows_refusal(
         run_dir,
@@ -231,6 +252,16 @@ def _refuse_changed_rows(run_dir: str, manifest: dict[str, Any]) -> None:
         raise click.ClickException(refusal)
 
 
+def _refuse_unreadable_rows(run_dir: str, unreadable: Unreadable | None) -> None:
+    """Refuse a local run whose rows cannot be read (``unreadable``: ``rows_unreadable``'s or
+    ``rows_damage``'s) as what it is: not known to be damaged, usually a chmod away from its
+    report (Spark would fail on it, or skip a folder it cannot list)."""
+    if unreadable is not None:
+        raise click.ClickException(
+            f"{run_dir}: {unreadable.why}; {unreadable.fix} and run streamassign report again"
+        )
+
+
 @main.command()
 @click.argument("run_dir", metavar="DIR")
 @_out_dir_option("Where to write the report (default DIR/report).")
@@ -238,7 +269,7 @@ def _refuse_changed_rows(run_dir: str, manifest: dict[str, Any]) -> None:
 @_spark_tasks_option(_REPORT_SPARK_TASKS)
 def report(run_dir: str, out: Path | None, master: str | None, spark_tasks: int | None) -> None:
     """Aggregate a simulation run in DIR with Spark; write an HTML report and CSV summaries."""
-    from ..pipeline.runs import LocalFiles, check_run, files_for
+    from ..pipeline.runs import LocalFiles, check_run, files_for, rows_unreadable
 
     _require("pyspark", "streamassign report")
     _require("plotly", "streamassign report")
@@ -247,6 +278,7 @@ def report(run_dir: str, out: Path | None, master: str | None, spark_tasks: int 
     if out is None and _is_remote(run_dir):
         raise click.ClickException(f"{run_dir} is not a local directory: give --out")
     if not _is_remote(run_dir):
+        _refuse_unreadable_rows(run_dir, rows_unreadable(run_dir))  # else read as deleted
         try:
             _refuse_changed_rows(run_dir, check_run(LocalFiles(), run_dir))
         except StreamAssignError as exc:

@@ -161,9 +161,17 @@ def users_files(run_dir: str) -> list[str]:
     wrote there and Spark does not read as rows (notes beside the run's folders, in
     ``rebalances/`` beside the partition folders, in ``report/``), by its path under the run;
     a folder the run does not write by its path with a ``/``, once; one that cannot be
-    listed likewise (what it holds is not known to be the run's). ``--overwrite`` deletes
-    them with the run. Files added among the rows are ``rows_added``'s."""
-    from ..pipeline.runs import MANIFEST, REBALANCES, LocalFiles, row_files
+    listed likewise (what it holds is not known to be the run's), as is a folder of the rows
+    that cannot be read (``rebalances/assignor=.../ (cannot be read)``: what Spark would read
+    there is not known). ``--overwrite`` deletes them with the run. Files added among the rows
+    are ``rows_added``'s."""
+    from ..pipeline.runs import (
+        MANIFEST,
+        REBALANCES,
+        LocalFiles,
+        row_files,
+        unreadable_folders,
+    )
 
     if _is_remote(run_dir) or not os.path.isdir(run_dir):
         return []
@@ -173,14 +181,47 @@ def users_files(run_dir: str) -> list[str]:
             continue
         if not name.startswith(".report."):  # an interrupted render's staging or replaced copy
             found.append(f"{name}/" if os.path.isdir(f"{run_dir}/{name}") else name)
-    rows = {f"{REBALANCES}/{shown}" for shown in row_files(LocalFiles(), run_dir)}
-    for top in (MANIFEST, REBALANCES):
-        found += [s for s in _entries(run_dir, top) if s not in rows and not written_by_a_run(s)]
+    found += [s for s in _entries(run_dir, MANIFEST) if not written_by_a_run(s)]
+    unreadable = unreadable_folders(run_dir)
+    if unreadable:
+        found += [  # a link loop in rebalances' place is named above, as a file
+            shown
+            for shown in _beside_unreadable_rows(run_dir, unreadable)
+            if shown.removesuffix("/ (cannot be read)") not in found
+        ]
+    else:
+        rows = {f"{REBALANCES}/{shown}" for shown in row_files(LocalFiles(), run_dir)}
+        found += [
+            s for s in _entries(run_dir, REBALANCES) if s not in rows and not written_by_a_run(s)
+        ]
     try:
         found += [f"report/{name}" for name in report_extras(Path(run_dir) / "report")]
     except OSError:
         found.append("report/")
     return [shown for shown in found if not _desktop_litter(Path(run_dir) / shown)]
+
+
+def _beside_unreadable_rows(run_dir: str, unreadable: Sequence[str]) -> list[str]:
+    """``users_files`` in ``rebalances/`` when folders of the rows (``unreadable``, by their
+    paths under the run with a ``/``) cannot be read: what is in the others that the run did
+    not write and Spark does not read as rows, then each of those folders once, said so
+    (``--overwrite`` deletes what they hold, not known), unless a folder named holds it."""
+    from ..pipeline.runs import REBALANCES, readable_row_files
+
+    rows = {f"{REBALANCES}/{shown}" for shown in readable_row_files(run_dir)}
+    found = [
+        shown
+        for shown in _entries(run_dir, REBALANCES)
+        if shown not in rows
+        and not written_by_a_run(shown)
+        and not any(shown.startswith(folder) for folder in unreadable)
+    ]
+    named = [shown for shown in found if shown.endswith("/")]
+    return found + [
+        f"{folder} (cannot be read)"
+        for folder in unreadable
+        if not any(folder.startswith(other) for other in named)
+    ]
 
 
 def _entries(run_dir: str, top: str) -> list[str]:

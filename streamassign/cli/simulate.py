@@ -17,9 +17,7 @@ from .failures import _one_line_failures
 from .group import main
 from .jobs import _model, _preflight, _session, _workload
 from .kept_runs import (
-    _dist_version,
     _keep_run,
-    _libraries,
     _local_run_to_keep,
     _refuse_existing,
     _simulation_identity,
@@ -39,6 +37,7 @@ from .options import (
     _topology_argument,
     _with_options,
 )
+from .provenance import dist_version, row_libraries
 from .report import _render, _report_command
 from .run_folders import (
     _check_out_folder,
@@ -290,10 +289,10 @@ def _manifest(topology_file: Path, job: Any, notes: Sequence[str], master: str) 
         **_simulation_identity(topology_file, job),
         "notes": list(notes),
         "master": master,
-        "streamassign": _dist_version("streamassign"),
+        "streamassign": dist_version("streamassign"),
         # The code that wrote the rows: a rerun keeps this run only if it is the same.
         CODE_FINGERPRINT: code_fingerprint(),
-        "libraries": _libraries(job.assignors),
-        "pyspark": _dist_version("pyspark"),
+        "libraries": row_libraries(job.assignors),
+        "pyspark": dist_version("pyspark"),
         "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
     }

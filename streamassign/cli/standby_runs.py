@@ -13,8 +13,9 @@ import click
 
 from ..errors import StreamAssignError
 from ..text import exact_number
-from .kept_runs import _other_code, _same_simulation, _simulation_identity
+from .kept_runs import _same_simulation, _simulation_identity
 from .options import _given
+from .provenance import other_code
 from .run_folders import _given_run_dir, report_extras, users_files
 from .simulate import _simulation_job, simulate
 
@@ -90,18 +91,18 @@ def _standby_run_dir(
     name: str, standbys: int, identity: Mapping[str, Any] | None, plan_out: Path | None = None
 ) -> tuple[str, bool, dict[str, Any] | None]:
     """``streamassign-runs/NAME-standbysR``, whether ``--overwrite`` is needed there and the
-    manifest of the run simulate keeps there. A run of the same simulation (``identity``) by
-    this code, undamaged, is kept (no ``--overwrite``: simulate writes its report if missing);
-    a damaged one (or one of this code nothing can check: simulate would not keep it) is
-    replaced if it is alone, with no file of the user's in it (the command redoes it). Past
-    folders holding anything else (a run with a file added among its rows, which
-    ``--overwrite`` would delete; one with a file that cannot be read: not known to be damaged;
-    a run of the same settings by other code: the "before" of a code change,
-    which ``--overwrite`` would delete unsaid; a kept run without its report whose ``report/``
-    holds the user's files, which ``--report`` refuses to replace; a run of another model,
-    rate, fleet, topology; what is no run) or the plan's own files (``plan_out``, written
-    after this line: the run would be refused there, or its --overwrite would delete them),
-    the first of ``-2``, ``-3``, ... that is free or holds the same simulation."""
+    manifest of the run simulate keeps there. A run of the same simulation (``identity``) by this
+    code, undamaged, is kept (no ``--overwrite``: simulate writes its report if missing); a damaged
+    one (or one of this code nothing can check: simulate would not keep it) is replaced if it is
+    alone, with no file of the user's in it (the command redoes it). Past folders holding anything
+    else (a run with a file added among its rows, which ``--overwrite`` would delete; one with a
+    file or folder of its rows that cannot be read: not known to be damaged; a run of the same
+    settings by other code: the "before" of a code change, which ``--overwrite`` would delete
+    unsaid; a kept run without its report whose ``report/`` holds the user's files, which
+    ``--report`` refuses to replace; a run of another model, rate, fleet, topology; what is no run)
+    or the plan's own files (``plan_out``, written after this line: the run would be refused there,
+    or its --overwrite would delete them), the first of ``-2``, ``-3``, ... that is free or holds
+    the same simulation."""
     import itertools
 
     from ..pipeline.runs import (
@@ -126,7 +127,7 @@ def _standby_run_dir(
         manifest = read_manifest(files, where)
         if identity is None or manifest is None or not _same_simulation(manifest, identity):
             continue
-        if _other_code(manifest) is not None:
+        if other_code(manifest) is not None:
             continue  # the "before" of a code change, damaged or not: never printed for deletion
         if rows_added(where, manifest):
             continue  # a file of someone's among its rows: simulate keeps it only once moved

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import errno
 import functools
 import hashlib
 import json
@@ -68,16 +69,19 @@ __all__ = [
     "new_run_id",
     "publish",
     "read_manifest",
+    "readable_row_files",
     "replaceable",
     "row_digests",
     "row_files",
     "rows_added",
     "rows_damage",
     "rows_unchecked",
+    "rows_unreadable",
     "run_damage",
     "sources_sha256",
     "staging_path",
     "this_code",
+    "unreadable_folders",
     "why_other_code",
     "write_manifest",
 ]
@@ -473,6 +477,8 @@ def describe_existing(files: Files, final: str) -> str | None:
         return f"{final} exists and is not a complete run"
     label = manifest.get("run_id") or manifest.get("created") or "an earlier run"
     damage = run_damage(files, final)
+    if isinstance(damage, Unreadable):  # not known to be damaged, nor complete
+        return f"{final} already holds a run ({label}; {damage.brief})"
     if damage is not None:
         return f"{final} holds a damaged run ({label}: {damage})"
     return f"{final} already holds a complete run ({label})"
@@ -511,7 +517,11 @@ def _sha256(path: Path) -> str:
 def run_damage(files: Files, run_dir: str) -> str | None:
     """What is wrong with the run in ``run_dir``, as far as its files tell without Spark (a
     few rows deleted show only in ``report``'s count), or None. Said the way ``report`` says
-    it when it refuses the run: ``no rows of task:sticky under rebalances/``."""
+    it when it refuses the run: ``no rows of task:sticky under rebalances/``. A local folder
+    of its rows that cannot be read is said as such, an :class:`Unreadable` (not damage:
+    listing it would see no files, and call them deleted)."""
+    if isinstance(files, LocalFiles) and (unreadable := rows_unreadable(run_dir)) is not None:
+        return unreadable
     try:
         manifest = check_run(files, run_dir)
     except PipelineError as exc:  # "DIR: what is wrong; what to do"
@@ -539,10 +549,13 @@ def rows_damage(run_dir: str, manifest: Mapping[str, Any]) -> str | None:
     :data:`ROW_SHA256`: a file deleted, with its checksum file or not, one of another size,
     bytes changed), else against the checksum file Spark's local writer leaves beside each
     one. A run whose manifest lists none (older code, or written to a remote folder) is
-    checked by its checksum files alone. A file that cannot be read is said as such, as an
-    :class:`Unreadable` (not damage). Files
+    checked by its checksum files alone. A file or folder that cannot be read is said as
+    such, as an :class:`Unreadable` (not damage). Files
     added are :func:`rows_added`'s. ``run_damage`` sees none of these, and a rerun must not
     keep such a run (every byte is read once: README command 1's 1.5 MB in milliseconds)."""
+    unreadable = rows_unreadable(run_dir)
+    if unreadable is not None:
+        return unreadable
     listed, digests = manifest.get(ROW_FILES), manifest.get(ROW_SHA256)
     if not isinstance(listed, dict):
         return checksum_damage(run_dir)
@@ -561,27 +574,140 @@ def rows_damage(run_dir: str, manifest: Mapping[str, Any]) -> str | None:
 
 
 class Unreadable(str):
-    """What :func:`rows_damage` says of a file it could not read (a permission, a disk error):
-    nothing is known of its bytes, so the run is not known to be damaged (the way out is
-    usually ``chmod``, not simulating it again)."""
+    """What :func:`rows_damage` or :func:`rows_unreadable` says of a file or folder of a run's
+    rows it could not read (a permission, a disk error): nothing is known of its bytes, so the
+    run is not known to be damaged (the way out is usually ``chmod``, not simulating it
+    again). The string names it and why (``rebalances/x/ cannot be read (Permission
+    denied)``); ``why`` is how a refusal says it, ``fix`` what makes it readable."""
 
-    __slots__ = ()
+    #: ``its rows cannot be checked: ...``; for a folder the run did not write, what it is.
+    why: str
+    #: ``its rows cannot be checked``, or ``rebalances/x/ cannot be read``: said of the run.
+    brief: str
+    #: ``make it readable (chmod)``, ``(chmod, by its owner)`` when another user owns it; without
+    #: chmod when no permission is missing (a disk error, a loop of symbolic links).
+    fix: str
 
 
-def _unreadable(shown: str, exc: OSError) -> Unreadable:
-    """A run's file ``shown`` (its path under ``rebalances/``) that ``exc`` kept from being
-    read (a permission, a disk error), said in a line: its bytes cannot be checked."""
-    return Unreadable(f"{REBALANCES}/{shown} cannot be read ({exc.strerror or exc})")
+def _unreadable(shown: str, exc: OSError, what: str = "") -> Unreadable:
+    """A run's file ``shown`` (its path under ``rebalances/``; ``what``: what it is, if not
+    one of its rows) that ``exc`` kept from being read (a permission, a disk error), said in
+    a line: its bytes cannot be checked."""
+    return _cannot_read(f"{what}{REBALANCES}/{shown}", exc, exc.filename, rows=True)
+
+
+def _cannot_read(shown: str, exc: OSError, path: object, rows: bool) -> Unreadable:
+    """An :class:`Unreadable` for ``shown`` (at ``path``) that ``exc`` kept from being read;
+    ``rows``: it is the run's (its rows, or a folder of them), else a folder of someone's
+    among them."""
+    said = Unreadable(f"{shown} cannot be read ({exc.strerror or exc})")
+    if rows:
+        said.why, said.brief = f"its rows cannot be checked: {said}", "its rows cannot be checked"
+    else:
+        said.why = f"{said}, a folder the run did not write (Spark would read its files as rows)"
+        said.brief = f"{shown} cannot be read"
+    said.fix = _fix_for(exc, path)
+    return said
+
+
+def _fix_for(exc: OSError, path: object) -> str:
+    """What makes ``path`` readable again after ``exc``: chmod for a permission (by its owner,
+    if that is another user); fixing the links for a loop of them; else only that it must be."""
+    if exc.errno == errno.ELOOP:
+        return "fix the loop of symbolic links"
+    if exc.errno not in (errno.EACCES, errno.EPERM):
+        return "make it readable"
+    try:  # the folder chmod would change: a link's target, else the link itself
+        owner = _owner(str(path))
+    except (OSError, TypeError, ValueError):
+        return "make it readable (chmod)"
+    return (
+        "make it readable (chmod)"
+        if owner == os.geteuid()
+        else "make it readable (chmod, by its owner)"
+    )
+
+
+def _owner(path: str) -> int:
+    try:
+        return os.stat(path).st_uid
+    except OSError:
+        return os.stat(path, follow_symlinks=False).st_uid
+
+
+def rows_unreadable(run_dir: str) -> Unreadable | None:
+    """The first folder of a local run's rows (``rebalances/`` or a folder in it that Spark
+    reads) that cannot be listed, or whose entries cannot be looked at (a permission), said
+    as an :class:`Unreadable`; None if there is none (or no ``rebalances/``). Listing skips
+    such a folder without a word (``Path.rglob``): its files would read as deleted."""
+    unreadable = _read_rows(run_dir)[1]
+    return unreadable[0] if unreadable else None
+
+
+def readable_row_files(run_dir: str) -> dict[str, int]:
+    """:func:`row_files` of a local run, in the folders of its rows that can be read (the
+    others' files are not known: ``unreadable_folders``)."""
+    return _read_rows(run_dir)[0]
+
+
+def unreadable_folders(run_dir: str) -> list[str]:
+    """Every folder of a local run's rows that cannot be read (``rows_unreadable``), by its
+    path under the run with a ``/``: what it holds is not known."""
+    return _read_rows(run_dir)[2]
+
+
+def _read_rows(run_dir: str) -> tuple[dict[str, int], list[Unreadable], list[str]]:
+    """What can be read of a local run's rows: the files Spark reads as rows (``row_files``)
+    in the folders that can be read; each folder that cannot be (listed, or its entries looked
+    at), as an :class:`Unreadable` and by its path under the run (with a ``/``).
+    Folders Spark skips (hidden) are not looked into."""
+    rows = Path(run_dir) / REBALANCES
+    found: dict[str, int] = {}
+    unreadable: list[Unreadable] = []
+    folders: list[str] = []
+    pending = [(rows, "")]  # each folder with its path under rows/ ("" for rows/ itself)
+    while pending:
+        folder, under = pending.pop()
+        try:
+            with os.scandir(folder) as listing:
+                entries = sorted(listing, key=lambda entry: entry.name, reverse=True)
+            for entry in entries:
+                entry.stat(follow_symlinks=False)  # raises in a folder listed, not searched
+        except (FileNotFoundError, NotADirectoryError):
+            continue  # no rows there: what else tells it says so (missing, deleted)
+        except OSError as exc:
+            shown = folder.relative_to(rows.parent).as_posix()
+            ours = shown == REBALANCES or (shown.count("/") == 1 and "=" in folder.name)
+            unreadable.append(_cannot_read(f"{shown}/", exc, folder, rows=ours))
+            folders.append(f"{shown}/")
+            continue
+        # Names only: a run holds thousands of row files, and hidden folders are never
+        # walked into, so an entry's own name is all Spark's skip rule needs.
+        for entry in entries:
+            if under and not _spark_skips([entry.name]):  # rows are files in folders
+                with contextlib.suppress(OSError):  # a link to what cannot be read: not known
+                    if entry.is_file():
+                        found[f"{under}{entry.name}"] = entry.stat().st_size
+        pending += [
+            (Path(entry.path), f"{under}{entry.name}/")
+            for entry in entries
+            if entry.is_dir(follow_symlinks=False) and not _spark_skips([entry.name])
+        ]
+    return dict(sorted(found.items())), unreadable, folders
 
 
 def rows_added(run_dir: str, manifest: Mapping[str, Any]) -> list[str]:
     """The files under a local run's ``rebalances/`` that the run did not write and Spark would
     read with its rows (not in its manifest's :data:`ROW_FILES`; without a list, a Parquet file
     without the checksum file the others have), by their paths under the run (``rebalances/...``);
-    none if there is none, or nothing to tell by (``rows_unchecked``). :func:`added_text` says
+    none if there is none, or nothing to tell by (``rows_unchecked``). Only folders that can be
+    read are looked into (``rows_unreadable``: what one that cannot holds is not known, and its
+    files only go missing from what is found, never show as added). :func:`added_text` says
     them."""
     rows = Path(run_dir) / REBALANCES
-    found = row_files(LocalFiles(), run_dir)
+    found, unreadable, _ = _read_rows(run_dir)
+    if not unreadable:
+        found = row_files(LocalFiles(), run_dir)  # as the manifest recorded them
     listed = manifest.get(ROW_FILES)
     if isinstance(listed, dict):
         added = sorted(set(found) - set(listed))
@@ -648,7 +774,11 @@ def checksum_damage(run_dir: str) -> str | None:
         if not data.is_file():
             return f"{REBALANCES}/{shown} is missing (its checksum file remains)"
         try:
-            why = _checksum_mismatch(data, sidecar.read_bytes())
+            sums = sidecar.read_bytes()
+        except OSError as exc:  # named, not its Parquet file: that one may read well
+            return _unreadable(sidecar.relative_to(rows).as_posix(), exc, "the checksum file ")
+        try:
+            why = _checksum_mismatch(data, sums)
         except OSError as exc:
             return _unreadable(shown, exc)
         if why is not None:

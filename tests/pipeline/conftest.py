@@ -7,6 +7,7 @@ when pyspark is not installed (the spark extra).
 
 from __future__ import annotations
 
+import os
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
@@ -77,3 +78,63 @@ def deny_reading(monkeypatch: pytest.MonkeyPatch, locked: Path) -> None:
         return opened(path, *args, **kwargs)
 
     monkeypatch.setattr(Path, "open", denied)
+
+
+def deny_listing(monkeypatch: pytest.MonkeyPatch, locked: Path) -> None:
+    """The folder ``locked`` cannot be listed, as one without read permission (tests run as
+    root, who lists any folder): ``Path.rglob`` skips it without a word, ``os.walk`` tells
+    its ``onerror``. A folder given by a file descriptor (``shutil.rmtree``) is listed."""
+    scandir = os.scandir
+
+    def denied(path: Any = ".") -> Any:
+        if isinstance(path, str | os.PathLike) and Path(path) == locked:
+            raise PermissionError(13, "Permission denied", str(path))
+        return scandir(path)
+
+    monkeypatch.setattr(os, "scandir", denied)
+
+
+def deny_searching(monkeypatch: pytest.MonkeyPatch, locked: Path) -> None:
+    """The folder ``locked`` can be listed but not searched, as one with read permission and
+    no execute permission (mode 644): its entries' names and kinds are known, looking at one
+    (``stat``) is refused."""
+    scandir = os.scandir
+
+    class Unsearchable:
+        def __init__(self, entry: os.DirEntry[str]) -> None:
+            self.entry = entry
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self.entry, name)
+
+        def __fspath__(self) -> str:
+            return self.entry.path
+
+        def stat(self, *, follow_symlinks: bool = True) -> os.stat_result:
+            raise PermissionError(13, "Permission denied", self.entry.path)
+
+    class Listing:
+        def __init__(self, listing: Any) -> None:
+            self.listing = listing
+
+        def __enter__(self) -> Listing:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            self.listing.close()
+
+        def __iter__(self) -> Listing:
+            return self
+
+        def __next__(self) -> Unsearchable:
+            return Unsearchable(next(self.listing))
+
+        def close(self) -> None:
+            self.listing.close()
+
+    def listed_only(path: Any = ".") -> Any:
+        if isinstance(path, str | os.PathLike) and Path(path) == locked:
+            return Listing(scandir(path))
+        return scandir(path)
+
+    monkeypatch.setattr(os, "scandir", listed_only)

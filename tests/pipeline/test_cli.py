@@ -1996,11 +1996,11 @@ def test_code_without_a_fingerprint_never_keeps_a_run_and_says_why(
 ) -> None:
     """Imported from where its files cannot be read (a loader that is neither a folder nor a
     zip), the code has no fingerprint: the hash of nothing matched every such version."""
-    from streamassign.cli import kept_runs
+    from streamassign.cli import provenance
     from streamassign.pipeline import runs
 
     monkeypatch.setattr(runs, "this_code", lambda: runs.Code("/app.pex/streamassign", None))
-    assert kept_runs._other_code({"code_sha256": None, "assignors": ["task:sticky"]}) == (
+    assert provenance.other_code({"code_sha256": None, "assignors": ["task:sticky"]}) == (
         "not known to be by this code (the streamassign package at /app.pex/streamassign "
         "cannot be read to fingerprint it)"
     )

@@ -4,13 +4,15 @@ advise deleting a run of other code that this code cannot write again."""
 
 from __future__ import annotations
 
+import errno
+import os
 import shutil
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from .conftest import deny_reading
+from .conftest import deny_listing, deny_reading, deny_searching, hadoop_checksums
 from .test_cli import _a_kept_run, _a_run_of, _damage, _list_rows, _printed_next, invoke
 
 OTHER_CODE = {"code_sha256": "abc123" * 10 + "abcd"}
@@ -59,6 +61,176 @@ def test_a_row_file_that_cannot_be_read_is_not_called_damage(
         tmp_path,
         lambda run: deny_reading(monkeypatch, next(run.glob("rebalances/*/part-00000.parquet"))),
     )
+
+
+PARTITION = "rebalances/assignor=task%3Asticky"
+
+
+@pytest.mark.parametrize("deny", [deny_listing, deny_searching])
+@pytest.mark.parametrize("locked", ["rebalances", PARTITION])
+def test_a_rows_folder_that_cannot_be_read_is_not_called_damage(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, locked: str, deny: Any
+) -> None:
+    """A folder of the rows without read permission listed as empty: simulate called the run
+    damaged ("no rows of task:sticky", "holds no Parquet files") and advised --overwrite;
+    report called its files missing. One listed but not searched (mode 644) raised a
+    traceback. Both say it cannot be read and how to keep the run, and --overwrite's tail
+    names the folder as one whose content is not known; a run of another simulation is
+    refused as such (not called complete); plan-standbys passes the run by."""
+    run = tmp_path / "run"
+    command = _a_kept_run(monkeypatch, run)
+    _list_rows(run)
+    deny(monkeypatch, run / locked)
+    unreadable = f"its rows cannot be checked: {locked}/ cannot be read (Permission denied)"
+    tail = f"(deleting {locked}/ (cannot be read) with the run: move it out of the run's folder "
+    assert invoke(*command) == (
+        1,
+        f"Error: {run}: {unreadable}; make it readable (chmod) to keep the run, or pass "
+        f"--overwrite to simulate it again {tail}first to keep it)\n",
+    )
+    assert invoke("report", str(run)) == (
+        1,
+        f"Error: {run}: {unreadable}; make it readable (chmod) and run streamassign report again\n",
+    )
+    code, out = invoke(*command, "--seed", "7")
+    assert (code, out) == (
+        1,
+        f"Error: {run} already holds a run (first; its rows cannot be checked) of another "
+        f"simulation (other --seed) without a report (streamassign report {run} writes it); "
+        f"pass --overwrite to replace it once the new run is complete {tail}first to keep it), "
+        "or --out for another folder\n",
+    )
+    monkeypatch.undo()
+    _plan_passes_by(monkeypatch, tmp_path, lambda run: deny(monkeypatch, run / locked))
+
+
+def test_the_users_files_beside_a_rows_folder_that_cannot_be_read_are_named(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """With a partition folder unreadable, --overwrite's tail named nothing in rebalances/,
+    though --overwrite deletes the user's notes there: they are named, and so is the folder
+    (what it holds is not known), for this simulation and for another."""
+    run = tmp_path / "run"
+    command = _a_kept_run(monkeypatch, run)
+    _list_rows(run)
+    (run / "rebalances" / "NOTES.md").write_text("mine")
+    deny_listing(monkeypatch, run / PARTITION)
+    deleting = (
+        f"(deleting rebalances/NOTES.md, {PARTITION}/ (cannot be read) with the run: move "
+        "them out of the run's folder first to keep them)"
+    )
+    code, out = invoke(*command)
+    assert (code, out.endswith(f"simulate it again {deleting}\n")) == (1, True), out
+    code, out = invoke(*command, "--seed", "7")
+    assert (code, f"complete {deleting}, or --out" in out) == (1, True), out
+
+
+def test_a_file_added_beside_a_rows_folder_that_cannot_be_read_is_named(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A file added among the rows of a partition that can be read, beside one that cannot,
+    went unnamed (nothing was looked at): it is named as added, which --overwrite deletes."""
+    run = tmp_path / "run"
+    command = _a_kept_run(monkeypatch, run)
+    _list_rows(run)
+    extra = "rebalances/assignor=consumer%3Arange/extra.parquet"
+    (run / extra).write_bytes(b"PAR1")
+    deny_listing(monkeypatch, run / PARTITION)
+    assert invoke(*command) == (
+        1,
+        f"Error: {run}: its rows cannot be checked: {PARTITION}/ cannot be read (Permission "
+        f"denied), and {extra} is not a file the run wrote (added from elsewhere?); make it "
+        "readable (chmod) to keep the run, or pass --overwrite to simulate it again (deleting "
+        f"that file and {PARTITION}/ (cannot be read) with the run: move them out of the run's "
+        "folder first to keep them)\n",
+    )
+    code, out = invoke(*command, "--seed", "7")
+    assert (code, f"and {extra} is not a file the run wrote" in out) == (1, True), out
+
+
+def test_a_folder_of_the_users_in_the_rows_that_cannot_be_read_is_said_so(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A folder of the user's in rebalances/ that cannot be read was said as the run's rows
+    that cannot be checked: it is said as what it is (Spark would read its files)."""
+    run = tmp_path / "run"
+    command = _a_kept_run(monkeypatch, run)
+    _list_rows(run)
+    (run / "rebalances" / "old").mkdir()
+    deny_listing(monkeypatch, run / "rebalances" / "old")
+    assert invoke(*command) == (
+        1,
+        f"Error: {run}: rebalances/old/ cannot be read (Permission denied), a folder the run "
+        "did not write (Spark would read its files as rows); make it readable (chmod) to keep "
+        "the run, or pass --overwrite to simulate it again (deleting rebalances/old/ (cannot be "
+        "read) with the run: move it out of the run's folder first to keep it)\n",
+    )
+
+
+def test_what_makes_a_rows_folder_readable_is_said_by_its_error(tmp_path: Path) -> None:
+    """Every error reading a folder of the rows got "make it readable (chmod)": chmod fixes a
+    permission only, and one a folder of another user's only by its owner."""
+    from streamassign.pipeline import runs
+
+    def fix(number: int, owner: int) -> str:
+        folder = tmp_path / f"f{number}-{owner}"
+        folder.mkdir()
+        os.chown(folder, owner, -1)
+        return runs._fix_for(OSError(number, os.strerror(number)), folder)
+
+    me = os.geteuid()
+    assert fix(errno.EACCES, me) == fix(errno.EPERM, me) == "make it readable (chmod)"
+    assert fix(errno.EACCES, me + 1) == "make it readable (chmod, by its owner)"
+    assert fix(errno.ELOOP, me) == "fix the loop of symbolic links"
+    assert fix(errno.EIO, me) == fix(errno.ESTALE, me) == "make it readable"
+
+
+def test_a_checksum_file_that_cannot_be_read_is_named_not_its_parquet_file(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """An unreadable checksum file was said as "rebalances/.../part-0.parquet cannot be read":
+    the Parquet file, readable, is not what a chmod must fix."""
+    from streamassign.pipeline.runs import rows_damage
+
+    folder = tmp_path / "rebalances" / "assignor=task%3Asticky"
+    folder.mkdir(parents=True)
+    (folder / "part-0.parquet").write_bytes(b"PAR1")
+    (folder / ".part-0.parquet.crc").write_bytes(hadoop_checksums(b"PAR1"))
+    deny_reading(monkeypatch, folder / ".part-0.parquet.crc")
+    assert rows_damage(str(tmp_path), {}) == (
+        "the checksum file rebalances/assignor=task%3Asticky/.part-0.parquet.crc cannot be read "
+        "(Permission denied)"
+    )
+
+
+def test_a_report_open_in_libreoffice_is_said_so(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """LibreOffice's lock file beside a report's CSV file (the file is open there) was named as
+    a file of the user's to move out. The refusal says which file is open and to close it
+    (the lock file stays, as does the report); beside a note, both are said."""
+    run = tmp_path / "run"
+    command = _a_kept_run(monkeypatch, run)
+    folder = _an_earlier_report(run)
+    lock = folder / ".~lock.summary_by_event.csv#"
+    lock.write_text("LibreOffice lock")
+    assert invoke("report", str(run)) == (
+        1,
+        f"Error: {folder}: summary_by_event.csv is open in LibreOffice (its lock file "
+        ".~lock.summary_by_event.csv# is there): not replacing the folder (a report replaces it "
+        "whole); close summary_by_event.csv in LibreOffice first (if LibreOffice is not "
+        "running, delete its lock file), or give another --out\n",
+    )
+    (folder / "my-analysis.md").write_text("mine")
+    (folder / "report.html").unlink()
+    assert invoke(*command) == (
+        1,
+        f"Error: {folder} holds my-analysis.md, which a report does not write: not replacing "
+        "the folder (a report replaces it whole); close summary_by_event.csv in LibreOffice and "
+        f"move my-analysis.md out of {folder} first to keep it, or write the report elsewhere: "
+        f"streamassign report {run} --out OTHER\n",
+    )
+    assert lock.read_text() == "LibreOffice lock"
 
 
 def test_a_refusal_names_the_files_added_among_the_rows_of_any_run(
@@ -186,7 +358,7 @@ def test_a_report_is_never_written_over_the_users_files_in_its_folder(
     (folder / "my-analysis.md").write_text("mine")
     refused = (
         f"Error: {folder} holds my-analysis.md, which a report does not write: not replacing "
-        f"it (a report replaces the folder whole); move it out of {folder} first to keep it, "
+        f"the folder (a report replaces it whole); move it out of {folder} first to keep it, "
     )
     assert invoke("report", str(run)) == (1, f"{refused}or give another --out\n")
     code, out = invoke(*command)
@@ -290,3 +462,23 @@ def test_plan_standbys_passes_by_a_kept_run_whose_report_folder_holds_the_users_
         (folder / "my-analysis.md").write_text("mine")
 
     _plan_passes_by(monkeypatch, tmp_path, note_beside_a_lost_page)
+
+
+def test_report_and_kept_runs_share_which_code_wrote_a_run_without_an_import_cycle() -> None:
+    """report imported kept_runs' private _other_code inside a function, since kept_runs
+    imports report at its top (a cycle worked around). Both take it from cli.provenance, at
+    their top, which imports neither; the rerun remedy follows it."""
+    import ast
+
+    from streamassign.cli import kept_runs, provenance, report
+
+    def imported(module: object) -> set[str]:
+        tree = ast.parse(Path(str(getattr(module, "__file__", ""))).read_text())
+        return {str(node.module) for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+
+    assert "kept_runs" not in imported(report) and "report" not in imported(provenance)
+    assert report.other_code is kept_runs.other_code is provenance.other_code
+    manifest = {"code_sha256": "abc123" * 10 + "abcd", "assignors": ["task:sticky"]}
+    assert report._rerun_remedy("/runs/x", manifest).startswith(
+        "simulate it again with the code that wrote it (other code)"
+    )
