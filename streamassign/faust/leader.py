@@ -282,10 +282,8 @@ def assign_faust(
     ``shared_ids``, ``lone_changelogs``: what this leader logged last at WARNING, each logged
     once (None: at every rebalance): process ids announced with several URLs (a copied state
     directory; each URL is then a worker of its own, ``streams.process_keys``), and table
-    changelogs no topic of their partition count is read beside (``_warn_lone_changelogs``).
-    ``partitioner_changelog_topics``: the leader's own tables that choose their own partition
-    count (Faust's ``use_partitioner``: the producer's partitioner places their keys and Faust
-    never checks their count), never warned about."""
+    changelogs no topic of their partition count is read beside (``_warn_lone_changelogs``),
+    but ``partitioner_changelog_topics`` (the app's ``use_partitioner`` tables)."""
     if not members:
         return {}
     version = common_version(members, leader_version)
@@ -294,8 +292,7 @@ def assign_faust(
     )
     subscriptions = {m: s.topics for m, s in members.items()}
     empty = AssignmentInfo(version=version, common_version=version)
-    failed = attrs.evolve(empty, error_code=ErrorCode.INCOMPLETE_SOURCE_TOPIC_METADATA)
-    incomplete = {m: MemberAssignment((), failed) for m in members}
+    incomplete = _incomplete(members, empty)
     required = changelogs | globals_ | frozenset(required_topics)
     if _waiting_for_metadata(subscriptions, partition_counts, required, missing_topics_level):
         return incomplete
@@ -305,13 +302,8 @@ def assign_faust(
     if grouped is None:
         return incomplete
     topology, tasks = grouped
-    _warn_lone_changelogs(
-        subscriptions,
-        partition_counts,
-        changelogs,
-        globals_ | frozenset(partitioner_changelog_topics),
-        lone_changelogs,
-    )
+    unchecked = globals_ | frozenset(partitioner_changelog_topics)
+    _warn_lone_changelogs(subscriptions, partition_counts, changelogs, unchecked, lone_changelogs)
     result = {m: MemberAssignment((), empty) for m in members}
     # The rebalance's budget (logged per member); no hand-back from a copied state directory.
     members = without_copied_claims(bounded_claims(members, tasks))
@@ -321,6 +313,13 @@ def assign_faust(
     per_member, per_process = plan.assign(StickyTaskAssignor(num_standby_replicas))
     result.update(plan.member_assignments(per_member, per_process, version))
     return result
+
+
+def _incomplete(members: Iterable[str], empty: AssignmentInfo) -> dict[str, MemberAssignment]:
+    """Every member's answer while a topic its group needs has no metadata: nothing assigned,
+    ``INCOMPLETE_SOURCE_TOPIC_METADATA``."""
+    failed = attrs.evolve(empty, error_code=ErrorCode.INCOMPLETE_SOURCE_TOPIC_METADATA)
+    return {m: MemberAssignment((), failed) for m in members}
 
 
 def _group_topics(
