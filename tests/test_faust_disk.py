@@ -280,3 +280,61 @@ def test_the_guard_wraps_each_write_once(tmp_path: Path) -> None:
     first = store._set
     guard.watch([store])
     assert store._set is first
+
+
+class Sent:
+    """The changelog record ``send_changelog`` returns (what ``on_key_set`` reads of it)."""
+
+    def __init__(self, partition: int) -> None:
+        self.message = Message(partition)
+
+
+def test_equal_counts_and_a_table_placed_by_the_partitioner_leave_commits_flowing(
+    tmp_path: Path,
+    group: Any,
+    commits: list[dict[TP, int]],
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The guard's other side: a table whose source has its changelog's count writes, and so
+    does a ``use_partitioner`` table whose changelog has another count (Faust never checks
+    it, though the guard watches its check); nothing latches, and every commit passes."""
+    app = zombie_app(tmp_path)
+    by_user = app.Table("by_user", default=int, partitions=12, use_partitioner=True)
+    g = group(app)
+    consumer = app.consumer
+    monkeypatch.setattr(
+        consumer, "topic_partitions", lambda t: 12 if t == by_user.changelog_topic_name else 4
+    )
+    sent: list[tuple[str, int | None]] = []
+    for table in app.tables.values():
+
+        def send_changelog(partition: int | None, *args: Any, name: str = table.name) -> Sent:
+            sent.append((name, partition))
+            return Sent(11 if partition is None else partition)  # the partitioner's choice
+
+        monkeypatch.setattr(table, "send_changelog", send_changelog)
+
+    def table_update(name: str, key: str, value: int) -> None:
+        event = Event(0)
+        token = _current_event.set(weakref.ref(event))  # type: ignore[arg-type]
+        try:
+            app.tables[name][key] = value
+        finally:
+            _current_event.reset(token)
+
+    async def run() -> None:
+        await g.join("m-1", 1)
+        assert getattr(by_user._verify_source_topic_partitions, "_streamassign_guarded", False)
+        for value in (1, 2):
+            table_update("totals", "k", value)
+            table_update("by_user", "u", value)
+            assert await consumer._commit_tps([TP(SRC, 0)], True)
+
+    with caplog.at_level(logging.DEBUG, logger="streamassign.faust"):
+        asyncio.run(run())
+    assert sent == [("totals", 0), ("by_user", None)] * 2
+    assert commits == [{TP(SRC, 0): 1}] * 2
+    assert not consumer.store_guard.failed and consumer._store_crash is None
+    assert app.tables["totals"]["k"] == 2 and by_user["u"] == 2
+    assert not errors(caplog)

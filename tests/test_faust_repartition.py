@@ -166,6 +166,21 @@ def test_after_partitions_are_added_an_assignment_makes_the_next_write_fail(
     assert app.tables["totals"].data["k"] == 2
 
 
+def test_a_follower_has_the_new_counts_before_its_tables_check_again(
+    group: dict[str, faust.App], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An agent's write between the two would check the old counts and keep that answer
+    until the next assignment."""
+    follower = assignor_of(group["m1"])
+    read: list[int | None] = []
+    monkeypatch.setattr(
+        follower, "_reverify_table_sources", lambda: read.append(snapshot(group["m1"]).get(SRC))
+    )
+    group_round(group, COUNTS)
+    group_round(group, {**COUNTS, SRC: 8})
+    assert read == [6, 8]
+
+
 def test_a_group_on_fausts_own_protocol_checks_again_too(group: dict[str, faust.App]) -> None:
     app = group["m0"]
     snapshot(app).update(COUNTS)
@@ -269,6 +284,24 @@ def test_a_new_situation_is_news_and_a_global_table_is_none(
     levels = [level for level, _ in lone_lines(caplog)]
     assert levels == [logging.WARNING, logging.DEBUG, logging.WARNING, logging.WARNING]
     assert not any(LEADER_GLOBAL in message for _, message in lone_lines(caplog))
+
+
+@pytest.mark.parametrize("use_partitioner", [True, False])
+def test_a_table_placed_by_the_partitioner_has_its_own_count_unsaid(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, use_partitioner: bool
+) -> None:
+    """A ``use_partitioner`` table's keys go where the producer's partitioner puts them, so
+    its changelog's count is its own (Faust never checks it): the leader's app says so, and
+    no WARNING tells the operator to grow that changelog, which would re-hash its keys. The
+    same table without it is said."""
+    app = make_app(tmp_path, 7000)
+    app.Table("by_user", default=int, partitions=12, use_partitioner=use_partitioner)
+    by_user_changelog = app.tables["by_user"].changelog_topic.get_topic_name()
+    with caplog.at_level(logging.DEBUG, "streamassign.faust"):
+        rebalance({"m0": assignor_of(app)}, {**COUNTS, by_user_changelog: 12})
+    said = [line for line in lone_lines(caplog) if by_user_changelog in line[1]]
+    assert [level for level, _ in said] == ([] if use_partitioner else [logging.WARNING])
+    assert not [line for line in lone_lines(caplog) if by_user_changelog not in line[1]]
 
 
 # -- the leader: a claim made while a task was stateless, after its group became stateful -----

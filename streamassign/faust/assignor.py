@@ -423,6 +423,7 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
                 num_standby_replicas=self.replicas,
                 changelog_topics=self._changelog_topics(),
                 global_changelog_topics=self._global_changelog_topics(),
+                partitioner_changelog_topics=self._partitioner_changelog_topics(),
                 copartition_groups=self.copartition_groups,
                 own_topics=self._own_topics,
                 required_topics=self._internal_topics(),
@@ -448,7 +449,6 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
         kafka = frozenset(TP(t, p) for t, ps in assignment.assignment for p in ps)
         led = self._leading
         self._end_round()
-        self._reverify_table_sources()
         try:
             info = AssignmentInfo.decode(assignment.user_data or b"")
         except ProtocolError as exc:
@@ -467,6 +467,12 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
                 missing,
             )
             info = attrs.evolve(info, error_code=ErrorCode.ASSIGNMENT_ERROR)
+        if info.error_code == ErrorCode.NONE and not led:
+            # The leader's snapshot is aiokafka's own, made from the same metadata. The counts
+            # go in before the cache is cleared: an agent's write between the two would check
+            # the old counts and keep that answer until the next assignment.
+            self._share_partition_counts(info)
+        self._reverify_table_sources()
         if info.error_code != ErrorCode.NONE:
             self._view = self._fallback_view(kafka)
             self._join_epoch += 1  # the rejoin must start a rebalance
@@ -480,8 +486,6 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
         if self._member_missing.ended():
             log.info("the topics waited for exist: partitions assigned again")
         self._view = self._build_view(info, kafka)
-        if not led:  # the leader's snapshot is aiokafka's own, made from the same metadata
-            self._share_partition_counts(info)
         self._log_restores_from_scratch(info)
         self.info = info
         self._assigned = True
@@ -695,6 +699,16 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
 
     def _global_changelog_topics(self) -> frozenset[str]:
         return frozenset(t.changelog_topic.get_topic_name() for t in self._tables() if t.is_global)
+
+    def _partitioner_changelog_topics(self) -> frozenset[str]:
+        """Changelogs of this app's tables whose keys the producer's partitioner places
+        (``use_partitioner``, an attribute of newer faust-streaming releases): their partition
+        count is their own, and Faust never checks it against a source's."""
+        return frozenset(
+            t.changelog_topic.get_topic_name()
+            for t in self._tables()
+            if getattr(t, "use_partitioner", False)
+        )
 
     def _changelog_topics(self) -> frozenset[str]:
         """Changelogs of this app's tables (global ones included)."""

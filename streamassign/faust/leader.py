@@ -260,6 +260,7 @@ def assign_faust(
     num_standby_replicas: int = 0,
     changelog_topics: Iterable[str] = (),
     global_changelog_topics: Iterable[str] = (),
+    partitioner_changelog_topics: Iterable[str] = (),
     copartition_groups: Sequence[Sequence[str]] = (),
     leader_version: int = LATEST_VERSION,
     own_topics: Iterable[str] | None = None,
@@ -281,7 +282,8 @@ def assign_faust(
     ``shared_ids``, ``lone_changelogs``: what this leader logged last at WARNING, each logged
     once (None: at every rebalance): process ids announced with several URLs (a copied state
     directory; each URL is then a worker of its own, ``streams.process_keys``), and table
-    changelogs no topic of their partition count is read beside (``_warn_lone_changelogs``)."""
+    changelogs no topic of their partition count is read beside (``_warn_lone_changelogs``),
+    but ``partitioner_changelog_topics`` (the app's ``use_partitioner`` tables)."""
     if not members:
         return {}
     version = common_version(members, leader_version)
@@ -290,8 +292,7 @@ def assign_faust(
     )
     subscriptions = {m: s.topics for m, s in members.items()}
     empty = AssignmentInfo(version=version, common_version=version)
-    failed = attrs.evolve(empty, error_code=ErrorCode.INCOMPLETE_SOURCE_TOPIC_METADATA)
-    incomplete = {m: MemberAssignment((), failed) for m in members}
+    incomplete = _incomplete(members, empty)
     required = changelogs | globals_ | frozenset(required_topics)
     if _waiting_for_metadata(subscriptions, partition_counts, required, missing_topics_level):
         return incomplete
@@ -301,7 +302,8 @@ def assign_faust(
     if grouped is None:
         return incomplete
     topology, tasks = grouped
-    _warn_lone_changelogs(subscriptions, partition_counts, changelogs, globals_, lone_changelogs)
+    unchecked = globals_ | frozenset(partitioner_changelog_topics)
+    _warn_lone_changelogs(subscriptions, partition_counts, changelogs, unchecked, lone_changelogs)
     result = {m: MemberAssignment((), empty) for m in members}
     # The rebalance's budget (logged per member); no hand-back from a copied state directory.
     members = without_copied_claims(bounded_claims(members, tasks))
@@ -311,6 +313,13 @@ def assign_faust(
     per_member, per_process = plan.assign(StickyTaskAssignor(num_standby_replicas))
     result.update(plan.member_assignments(per_member, per_process, version))
     return result
+
+
+def _incomplete(members: Iterable[str], empty: AssignmentInfo) -> dict[str, MemberAssignment]:
+    """Every member's answer while a topic its group needs has no metadata: nothing assigned,
+    ``INCOMPLETE_SOURCE_TOPIC_METADATA``."""
+    failed = attrs.evolve(empty, error_code=ErrorCode.INCOMPLETE_SOURCE_TOPIC_METADATA)
+    return {m: MemberAssignment((), failed) for m in members}
 
 
 def _group_topics(
@@ -339,19 +348,22 @@ def _warn_lone_changelogs(
     subscriptions: Mapping[str, frozenset[str]],
     partition_counts: Mapping[str, int],
     changelogs: frozenset[str],
-    globals_: frozenset[str],
+    unchecked: frozenset[str],
     logged: Repeats | None,
 ) -> None:
-    """One WARNING per table changelog (not global) whose partition count no other topic its
-    subscribers read has: partitions added to the table's source topic, most likely. Faust
-    grouping by count then parts the table from its source, and Faust's tables raise
+    """One WARNING per table changelog whose partition count no other topic its subscribers
+    read has: partitions added to the table's source topic, most likely. Faust grouping by
+    count then parts the table from its source, and Faust's tables raise
     ``PartitionsMismatch`` on every write (``PartitionAssignor`` makes them check again at
     each assignment). The same situation again at DEBUG; one INFO line once none is left.
+    None for ``unchecked``, whose count is their own by design: global tables (every worker
+    holds them whole) and ``use_partitioner`` tables (the producer's partitioner places their
+    keys, and Faust never checks their count).
 
     Only said, never refused: a table fed by no topic of its count (written from a timer, a
     table never written yet) is legal, and the leader cannot tell a table's source topic
     from the others (Faust records it only when the table is first written)."""
-    lone = _lone_changelogs(subscriptions, partition_counts, changelogs, globals_)
+    lone = _lone_changelogs(subscriptions, partition_counts, changelogs, unchecked)
     previous = logged.reported if logged is not None else None
     if not lone:
         if logged is not None and logged.ended():
@@ -385,12 +397,12 @@ def _lone_changelogs(
     subscriptions: Mapping[str, frozenset[str]],
     partition_counts: Mapping[str, int],
     changelogs: frozenset[str],
-    globals_: frozenset[str],
+    unchecked: frozenset[str],
 ) -> frozenset[tuple[str, int, tuple[tuple[str, int], ...]]]:
     """``(changelog, its count, (topic, count) of the other topics its readers consume)`` for
-    each table changelog (not global) whose count none of those topics has."""
+    each table changelog (not in ``unchecked``) whose count none of those topics has."""
     lone = set()
-    for changelog in changelogs - globals_:
+    for changelog in changelogs - unchecked:
         count = partition_counts.get(changelog)
         readers = [topics for topics in subscriptions.values() if changelog in topics]
         sources = {
@@ -398,7 +410,7 @@ def _lone_changelogs(
             for topics in readers
             for t in topics
             if t in partition_counts
-            and t not in changelogs | globals_
+            and t not in changelogs | unchecked
             and not t.endswith(_FAUST_LEADER_TOPIC)
         }
         if count is not None and sources and count not in sources.values():
