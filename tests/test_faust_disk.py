@@ -192,8 +192,9 @@ def test_a_table_whose_source_outgrew_its_changelog_stops_the_worker_before_any_
     assert commits == [{TP(SRC, 0): 1}]
     assert "k1" not in app.tables["totals"].data  # checked before the store is written
     (line,) = errors(caplog)
-    assert line.startswith("table 'totals': ")
+    assert line.startswith("table 'totals': ") and "\n" not in line
     assert "has 8 partitions" in line and "has 4 partitions" in line
+    assert "by configuring Kafka correctly; this worker commits" in line
     assert "commits no offset from now on" in line
     assert line.endswith("'Adding partitions to a topic on a live fleet'")
 

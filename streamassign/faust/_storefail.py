@@ -105,12 +105,18 @@ class SourceCountMismatch:
 
     def line(self) -> str:
         return (
-            f"table {self.table!r}: {self.mismatch.rstrip('.')}; this worker commits no offset "
+            f"table {self.table!r}: {_one_line(self.mismatch)}; this worker commits no offset "
             "from now on (the record being processed and those after it wait, from the last "
             "commit, until the counts match) and stops: partitions added to a source topic "
             "while the app ran? see docs/faust.md, 'Adding partitions to a topic on a live "
             "fleet'"
         )
+
+
+def _one_line(message: str) -> str:
+    """Faust's message on one line: it spans several and ends in ".\n", which split the
+    ERROR so that a grep for it found the counts but not what to do."""
+    return " ".join(message.split()).rstrip(".")
 
 
 def _directory(store: Any) -> str:
