@@ -266,6 +266,19 @@ def test_a_table_changelog_alone_in_its_task_group_is_a_problem() -> None:
     assert lone({1: {"src": 6, "app-counts-changelog": 6}}) == []
     # A global table's changelog is read whole by every worker, in a group of its own.
     assert lone({1: {"src": 6}, 2: {"app-glob-changelog": 1}}) == []
+    # Faust-style grouping puts a global changelog of the table's count beside it: still no
+    # source topic there (and the global one is no source elsewhere either).
+    no_source = (
+        "table changelog app-counts-changelog is in a task group with no source topic "
+        "(subtopology 6; no source topic has its 6 partitions: a source topic grew, or the "
+        "table is written by key (use_partitioner) or outside a stream?)"
+    )
+    assert lone({8: {"src": 8}, 6: {"app-counts-changelog": 6, "app-glob-changelog": 6}}) == [
+        no_source
+    ]
+    assert lone({8: {"src": 8}, 6: {"app-counts-changelog": 6}, 7: {"app-glob-changelog": 6}}) == [
+        no_source
+    ]
 
 
 def test_faust_metadata_is_decoded_without_importing_faust() -> None:

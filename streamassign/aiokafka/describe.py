@@ -191,6 +191,9 @@ class MemberView:
     #: The Faust drop-in: the changelogs of the member's app's tables that are not global, as
     #: its client tags announce them (other members: none).
     changelogs: frozenset[str] = frozenset()
+    #: The Faust drop-in: the changelogs of the member's app's global tables (read whole by
+    #: every worker; Faust-style grouping may put one beside a table changelog of its count).
+    global_changelogs: frozenset[str] = frozenset()
     undecodable: str | None = None
     #: ``undecodable`` is the subscription's user data only, and the assignment was read: the
     #: member is a process of its own (its member id) with that assignment, as the group
@@ -598,6 +601,7 @@ def _subscription(family: Family, protocol: str, view: MemberView, data: bytes) 
             previous_active=info.previous_active,
             capacity=int(capacity) if capacity and capacity.isdigit() else None,
             changelogs=tagged[FAUST_CHANGELOGS_TAG] - tagged[FAUST_GLOBAL_CHANGELOGS_TAG],
+            global_changelogs=tagged[FAUST_GLOBAL_CHANGELOGS_TAG],
             endpoint=info.endpoint,
             rack=info.rack,
             versions=f"sub v{info.version}/{info.latest_supported_version}",
@@ -1071,6 +1075,8 @@ def _lone_changelogs(view: GroupView) -> list[str]:
         for topic in announced
         if all(topic in m.changelogs for m in readers if topic in m.topics)
     }
+    # A global table's changelog of the same count may share the group: no source either.
+    globals_ = frozenset().union(*(m.global_changelogs for m in readers))
     groups: dict[int, set[str]] = {}
     partitions_of: dict[str, set[int]] = {}
     for task, partitions in view.tasks.items():
@@ -1080,15 +1086,16 @@ def _lone_changelogs(view: GroupView) -> list[str]:
     counts = {topic: len(ps) for topic, ps in partitions_of.items()}
     return [
         f"table changelog {topic} is in a task group with no source topic (subtopology {sub}; "
-        f"{_why_alone(topic, counts, changelogs)})"
+        f"{_why_alone(topic, counts, changelogs | globals_)})"
         for sub, topics in sorted(groups.items())
-        if topics and topics <= changelogs
-        for topic in sorted(topics)
+        if topics & changelogs and topics - globals_ <= changelogs
+        for topic in sorted(topics & changelogs)
     ]
 
 
-def _why_alone(changelog: str, counts: Mapping[str, int], changelogs: set[str]) -> str:
-    """What the view shows of why a changelog has no source topic beside it."""
+def _why_alone(changelog: str, counts: Mapping[str, int], changelogs: frozenset[str]) -> str:
+    """What the view shows of why a changelog has no source topic beside it (``changelogs``:
+    every changelog, global ones included, which are no source)."""
     count = counts.get(changelog)
     if any(n == count and t not in changelogs for t, n in counts.items()):
         return (

@@ -981,18 +981,23 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
 
     def _why_no_offset(self) -> str:
         """Why a table directory holds no changelog offset. Under exactly_once Faust records
-        none for a partition it ran as an active (its commit looks the pending offsets up by
-        source partition), so every restart restores its actives: not a sign of damage."""
+        an active's offset only when a recovery applies changelog records (its commit looks
+        the pending offsets up by source partition), so a directory only this worker's actives
+        wrote since it was made has none either: said beside the general reasons, which stay
+        possible (a wipe is not hidden)."""
+        general = (
+            "wiped or ephemeral, moved aside as damaged, or none written before the worker stopped"
+        )
         try:
             transactional = exactly_once(self.app)
         except Exception:  # an app not configured yet (or a stand-in): the general reasons
             transactional = False
         if transactional:
             return (
-                "under exactly_once Faust records none for the partitions a worker runs as "
-                "actives, so a restart restores them"
+                f"{general}; under exactly_once also one no recovery applied records to since "
+                "it was made, as Faust records an active's offset only through a recovery"
             )
-        return "wiped, moved aside as damaged, or none written before the worker stopped"
+        return general
 
     def _log_damaged(self, damaged: DamagedTables) -> None:
         """One line per join for every damaged table directory found: a WARNING when it moved
