@@ -1070,11 +1070,11 @@ def _lone_changelogs(view: GroupView) -> list[str]:
     key (``use_partitioner``) or outside a stream, which is legal."""
     readers = [m for m in view.members if m.assigned]
     announced = frozenset().union(*(m.changelogs for m in readers))
-    changelogs = {
+    changelogs = frozenset(
         topic
         for topic in announced
         if all(topic in m.changelogs for m in readers if topic in m.topics)
-    }
+    )
     # A global table's changelog of the same count may share the group: no source either.
     globals_ = frozenset().union(*(m.global_changelogs for m in readers))
     groups: dict[int, set[str]] = {}
