@@ -266,6 +266,8 @@ def test_a_table_changelog_alone_in_its_task_group_is_a_problem() -> None:
     assert lone({1: {"src": 6, "app-counts-changelog": 6}}) == []
     # A global table's changelog is read whole by every worker, in a group of its own.
     assert lone({1: {"src": 6}, 2: {"app-glob-changelog": 1}}) == []
+    assert lone({6: {"src": 6, "app-glob-changelog": 6}}) == []
+    assert lone({6: {"src": 6, "app-counts-changelog": 6, "app-glob-changelog": 6}}) == []
     # Faust-style grouping puts a global changelog of the table's count beside it: still no
     # source topic there (and the global one is no source elsewhere either).
     no_source = (
