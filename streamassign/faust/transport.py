@@ -1107,13 +1107,12 @@ class _Consumer(faust_aiokafka.Consumer):
         active = self._active_partitions or set()
         fetching = fetch_states(getattr(self._thread, "_consumer", None), behind[:10])
         rows = [
-            f"{tp.topic}[{tp.partition}] {applied[tp]}/{highwaters[tp]} (Faust: "
+            f"{_partition_name(tp)} {applied[tp]}/{highwaters[tp]} (Faust: "
             f"{'active' if tp in active else 'inactive'}, handed on to "
             f"{self._read_offset.get(tp)}; aiokafka: {fetching.get(tp, '?')})"
-            for tp in behind[:10]
+            for tp in behind
         ]
-        more = f" and {len(behind) - 10} more" if len(behind) > 10 else ""
-        return ", ".join(rows) + more
+        return _first_ten(rows)
 
 
 class Transport(faust_aiokafka.Transport):
